@@ -1,0 +1,271 @@
+"""`VariantAttention`: the shared base of this package's attention layers."""
+
+import keras
+from keras import ops
+
+from keras_attnvariants.losses.attention_loss import AttentionLoss
+from keras_attnvariants.losses.attention_loss import build_context
+from keras_attnvariants.ops.masking import self_attention_padding_mask
+
+ATTENTION_PATHS = ("auto", "explicit", "fused")
+
+
+def accelerator_available():
+    """Whether the current backend runs on a GPU or TPU."""
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() != "cpu"
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return bool(
+            tf.config.list_logical_devices("GPU")
+            or tf.config.list_logical_devices("TPU")
+        )
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    return False
+
+
+@keras.saving.register_keras_serializable(package="keras_attnvariants")
+class VariantAttention(keras.layers.MultiHeadAttention):
+    """Base class: `MultiHeadAttention` with a replaceable normalization.
+
+    Subclasses override `normalize(scores, mask)` (float32 weights from
+    float32 scores) and, optionally, `fused_attention(...)`. This class keeps
+    MHA's constructor, call signature, weight layout and Keras-mask merging,
+    and adds:
+
+    - Mask validation: `attention_mask` must be broadcastable to
+      `(B, T, S)`; anything else raises `ValueError`.
+    - `self_attention_padding`: in self-attention, a key that no query may
+      attend is treated as a padded query too. keras-hub encoders mask only
+      keys; with this set, padded queries stay out of every normalization
+      over queries.
+    - `attention_losses`: `AttentionLoss` terms computed, in training, from
+      the weights before dropout and the projected queries and keys.
+    - `attention_path`: `"explicit"` materializes the weights; `"fused"`
+      calls `keras.ops.dot_product_attention` with a bias (accelerator flash
+      kernels); `"auto"` picks fused on GPU/TPU and explicit on CPU, where it
+      measured faster. The explicit path is always used when the weights are
+      needed (returned scores, dropout in training, attention losses).
+
+    Args:
+        num_heads: int. Number of attention heads.
+        key_dim: int. Size of each head for query and key.
+        attention_losses: list of `AttentionLoss`. Defaults to `None`.
+        self_attention_padding: bool. Defaults to `False`.
+        attention_path: one of `"auto"`, `"explicit"`, `"fused"`. Defaults
+            to `"auto"`.
+        **kwargs: every other `keras.layers.MultiHeadAttention` argument.
+    """
+
+    supports_causal = True
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        attention_losses=None,
+        self_attention_padding=False,
+        attention_path="auto",
+        **kwargs,
+    ):
+        attention_axes = kwargs.get("attention_axes")
+        if attention_axes not in (None, 1, (1,), [1]):
+            raise ValueError(
+                f"{type(self).__name__} supports attention over one sequence "
+                "axis only: `attention_axes` must be None or (1,). "
+                f"Received: attention_axes={attention_axes}"
+            )
+        if attention_path not in ATTENTION_PATHS:
+            raise ValueError(
+                f"`attention_path` must be one of {ATTENTION_PATHS}. "
+                f"Received: attention_path={attention_path!r}"
+            )
+        dropout = kwargs.get("dropout", 0.0)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(
+                "`dropout` must be a float in [0, 1). "
+                f"Received: dropout={dropout}"
+            )
+        losses = list(attention_losses or [])
+        for term in losses:
+            if not isinstance(term, AttentionLoss):
+                raise ValueError(
+                    "`attention_losses` must be a list of "
+                    "`keras_attnvariants.losses.AttentionLoss` instances. "
+                    f"Received an element: {term!r}"
+                )
+        super().__init__(num_heads=num_heads, key_dim=key_dim, **kwargs)
+        self.attention_losses = losses
+        self.self_attention_padding = bool(self_attention_padding)
+        self.attention_path = attention_path
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+    ):
+        # The full MHA signature: Keras fills `*_mask` from input masks only
+        # for arguments that `call` names.
+        if use_causal_mask and not self.supports_causal:
+            raise ValueError(
+                f"{type(self).__name__} is not causal: "
+                f"{self.causal_error_reason} Received: use_causal_mask=True"
+            )
+        return super().call(
+            query,
+            value,
+            key=key,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+            use_causal_mask=use_causal_mask,
+        )
+
+    def normalize(self, scores, mask):
+        """Float32 weights `(B, N, T, S)` from float32 scores and a mask."""
+        raise NotImplementedError
+
+    def fused_attention(self, query, key, value, mask):
+        """Attention output without materialized weights, or `None`."""
+        return None
+
+    def attention_logits(self, query, key):
+        """float32 scores `(B, N, T, S)`, scaled like Keras MHA.
+
+        float16 would overflow at logits above 65504, so under float16 the
+        product runs in float32; bfloat16 and float32 run natively.
+        """
+        if keras.backend.standardize_dtype(query.dtype) == "float16":
+            query = ops.cast(query, "float32")
+            key = ops.cast(key, "float32")
+        scaled_query = ops.multiply(
+            query, ops.cast(self._inverse_sqrt_key_dim, query.dtype)
+        )
+        scores = ops.einsum(self._dot_product_equation, key, scaled_query)
+        return ops.cast(scores, "float32")
+
+    def _check_attention_mask(self, mask, query, key):
+        rank = len(mask.shape)
+        expected = (query.shape[0], query.shape[1], key.shape[1])
+        if rank != 3 or any(
+            got is not None and want is not None and got not in (1, want)
+            for got, want in zip(mask.shape, expected)
+        ):
+            raise ValueError(
+                "`attention_mask` must be a boolean tensor broadcastable to "
+                f"(batch, query_length, key_length) = {expected}. "
+                f"Received: attention_mask with shape {tuple(mask.shape)}"
+            )
+
+    def _prepare_mask(self, attention_mask, query, key):
+        """Validated `(B, 1, T, S)` boolean mask, or `None`."""
+        if attention_mask is None:
+            return None
+        self._check_attention_mask(attention_mask, query, key)
+        mask = ops.cast(attention_mask, "bool")
+        if self.self_attention_padding:
+            if query.shape[1] != key.shape[1]:
+                raise ValueError(
+                    "`self_attention_padding=True` needs self-attention "
+                    "(query_length == key_length). Received: query_length="
+                    f"{query.shape[1]}, key_length={key.shape[1]}"
+                )
+            mask = self_attention_padding_mask(mask)
+        return ops.expand_dims(mask, axis=1)
+
+    def _use_fused(self, need_weights):
+        if need_weights or self.attention_path == "explicit":
+            return False
+        if self.attention_path == "fused":
+            return True
+        return accelerator_available()
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
+    ):
+        if use_causal_mask:
+            causal = self._compute_causal_mask(query, value)
+            attention_mask = (
+                causal
+                if attention_mask is None
+                else ops.logical_and(ops.cast(attention_mask, "bool"), causal)
+            )
+        # mask: (B, 1, T, S) or None
+        mask = self._prepare_mask(attention_mask, query, key)
+        with_losses = bool(self.attention_losses) and bool(training)
+        need_weights = (
+            return_attention_scores
+            or with_losses
+            or (self._dropout > 0.0 and bool(training))
+        )
+        if self._use_fused(need_weights):
+            output = self.fused_attention(query, key, value, mask)
+            if output is not None:
+                return output, None
+        scores = self.attention_logits(query, key)
+        weights = self.normalize(scores, mask)
+        if with_losses:
+            context = build_context(
+                self,
+                weights,
+                query,
+                key,
+                None if mask is None else mask[:, 0],
+            )
+            for term in self.attention_losses:
+                term.from_attention(context)
+        weights = ops.cast(weights, self.compute_dtype)
+        final_weights = weights
+        if self._dropout > 0.0:
+            final_weights = self._dropout_layer(weights, training=training)
+        # output: (B, T, N, H)
+        output = ops.einsum(self._combine_equation, final_weights, value)
+        return output, weights
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "attention_losses": [
+                    keras.saving.serialize_keras_object(term)
+                    for term in self.attention_losses
+                ],
+                "self_attention_padding": self.self_attention_padding,
+                "attention_path": self.attention_path,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["attention_losses"] = [
+            keras.saving.deserialize_keras_object(term)
+            for term in config.get("attention_losses") or []
+        ]
+        return super().from_config(config)

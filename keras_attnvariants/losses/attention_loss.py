@@ -1,0 +1,146 @@
+"""The loss mechanism shared by the attention layers and their regularizers.
+
+An `AttentionLoss` is a Keras layer that turns what an attention layer
+computes (its attention weights before dropout, its projected queries and
+keys, the masks, optionally the token ids) into a scalar loss term. It can be
+used in two ways:
+
+1. Attached: pass it to an attention layer of this package with
+   `attention_losses=[term]` (or to a converted keras-hub backbone). The
+   attention layer builds an `AttentionContext` on every call and hands it to
+   `term.from_attention(context)`.
+2. Standalone: call it on tensors in a functional model, e.g. on the scores a
+   plain `keras.layers.MultiHeadAttention` returns with
+   `return_attention_scores=True` (those are taken before dropout).
+
+Either way the term adds itself with `add_loss` (so `fit` minimizes it) and
+updates a `keras.metrics.Mean` named after the layer, so it shows as its own
+metric in `fit` logs and progress bars (TensorFlow and PyTorch backends; the
+JAX trainer drops metric updates made inside layers, the loss itself is
+applied on every backend).
+"""
+
+import threading
+from contextlib import contextmanager
+
+import keras
+from keras import ops
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+
+_TOKEN_IDS = threading.local()
+
+
+@contextmanager
+def token_ids_scope(token_ids):
+    """Makes `token_ids` `(B, T)` visible to attached attention losses.
+
+    Attention layers inside a keras-hub backbone only see hidden states. A
+    layer that knows the token ids (for instance the wrapped token embedding
+    of a converted backbone) opens this scope around the forward pass; each
+    attention layer called inside it puts the ids in its `AttentionContext`.
+    The storage is thread-local, so replicas of `tf.distribute` (one thread
+    each) never see each other's ids.
+    """
+    previous = getattr(_TOKEN_IDS, "value", None)
+    _TOKEN_IDS.value = token_ids
+    try:
+        yield
+    finally:
+        _TOKEN_IDS.value = previous
+
+
+def set_current_token_ids(token_ids):
+    """Sets the token ids seen by attention losses until the next set."""
+    _TOKEN_IDS.value = token_ids
+
+
+def current_token_ids():
+    """The token ids of the innermost `token_ids_scope`, or `None`."""
+    return getattr(_TOKEN_IDS, "value", None)
+
+
+class AttentionContext(dict):
+    """What an attention layer hands to its attached losses.
+
+    Keys (absent values are `None`):
+        attention_weights: `(B, N, T, S)` float32, before dropout.
+        query: projected queries `(B, T, N, H)`, unscaled.
+        key: projected keys `(B, S, N, H)`.
+        attention_mask: boolean `(B, T, S)` or `None`.
+        query_mask: boolean `(B, T)`: queries that may attend some key.
+        key_mask: boolean `(B, S)`: keys that some query may attend.
+        token_ids: `(B, T)` ids from `token_ids_scope`, or `None`.
+        layer: the attention layer.
+    """
+
+
+def build_context(layer, weights, query, key, attention_mask):
+    """Builds the `AttentionContext` of one attention call."""
+    query_mask = key_mask = None
+    if attention_mask is not None:
+        mask = ops.cast(attention_mask, "bool")
+        batch = ops.shape(query)[0]
+        shape = (batch, ops.shape(query)[1], ops.shape(key)[1])
+        mask = ops.broadcast_to(mask, shape)
+        query_mask = ops.any(mask, axis=-1)
+        key_mask = ops.any(mask, axis=-2)
+        attention_mask = mask
+    return AttentionContext(
+        attention_weights=weights,
+        query=query,
+        key=key,
+        attention_mask=attention_mask,
+        query_mask=query_mask,
+        key_mask=key_mask,
+        token_ids=current_token_ids(),
+        layer=layer,
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_attnvariants")
+class AttentionLoss(keras.layers.Layer):
+    """Base class of loss terms computed from attention internals.
+
+    Subclasses implement `compute_loss_value(...)` (their public call
+    signature) and `from_attention(context)`, which picks what they need
+    from an `AttentionContext` and calls the layer. Calling the layer adds
+    the returned scalar with `add_loss` and records it in a
+    `keras.metrics.Mean` named after the layer.
+
+    Args:
+        track_metric: bool. Whether to report the term as a metric.
+            Defaults to `True`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`).
+    """
+
+    def __init__(self, track_metric=True, **kwargs):
+        super().__init__(**kwargs)
+        self.track_metric = bool(track_metric)
+        if self.track_metric:
+            self.loss_tracker = keras.metrics.Mean(name=self.name)
+
+    def compute_loss_value(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement `compute_loss_value`."
+        )
+
+    def from_attention(self, context):
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement `from_attention`."
+        )
+
+    def call(self, *args, **kwargs):
+        value = ops.cast(self.compute_loss_value(*args, **kwargs), "float32")
+        if not in_symbolic_scope():
+            self.add_loss(value)
+            if self.track_metric:
+                self.loss_tracker.update_state(value)
+        return value
+
+    def compute_output_spec(self, *args, **kwargs):
+        return keras.KerasTensor((), dtype="float32")
+
+    def get_config(self):
+        config = super().get_config()
+        config["track_metric"] = self.track_metric
+        return config

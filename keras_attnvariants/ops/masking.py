@@ -1,0 +1,60 @@
+"""Mask helpers shared by the normalizations and the layers.
+
+Masks are boolean, `True` = may attend, and broadcastable to the scores
+`(..., T, S)` (queries on axis -2, keys on axis -1).
+"""
+
+from keras import ops
+
+# Fill value for masked logits. The normalizations run in float32, where
+# -1e9 is far below any real logit yet leaves headroom for subtracting a
+# logsumexp of the same magnitude without overflowing.
+MASK_FILL = -1e9
+
+
+def large_negative(dtype):
+    """A large negative number that is finite in `dtype`."""
+    if str(dtype) in ("float16", "bfloat16"):
+        return -3e4 if str(dtype) == "float16" else -1e9
+    return MASK_FILL
+
+
+def merge_masks(*masks):
+    """Logical AND of the masks that are not `None` (or `None`)."""
+    merged = None
+    for mask in masks:
+        if mask is None:
+            continue
+        mask = ops.cast(mask, "bool")
+        merged = mask if merged is None else ops.logical_and(merged, mask)
+    return merged
+
+
+def valid_queries(mask):
+    """`(..., T, 1)` booleans: queries that may attend at least one key."""
+    return ops.any(mask, axis=-1, keepdims=True)
+
+
+def valid_keys(mask):
+    """`(..., 1, S)` booleans: keys that at least one query may attend."""
+    return ops.any(mask, axis=-2, keepdims=True)
+
+
+def self_attention_padding_mask(mask):
+    """Adds query padding implied by key padding, for self-attention.
+
+    keras-hub encoders pass a key-only mask `(B, 1, S)`: padded queries are
+    not masked. In self-attention queries and keys are the same tokens, so a
+    key that no query may attend marks a padded token. This returns
+    `mask & valid_keys(mask)^T`, broadcast to `(..., S, S)`.
+    """
+    key_valid = valid_keys(mask)  # (..., 1, S)
+    query_valid = ops.swapaxes(key_valid, -1, -2)  # (..., S, 1)
+    return ops.logical_and(mask, query_valid)
+
+
+def causal_mask(query_length, key_length):
+    """`(T, S)` lower-triangular mask, aligned at the end like Keras MHA."""
+    row = ops.expand_dims(ops.arange(query_length), -1)
+    col = ops.expand_dims(ops.arange(key_length), 0)
+    return ops.greater_equal(row + (key_length - query_length), col)

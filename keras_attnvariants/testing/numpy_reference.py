@@ -1,0 +1,86 @@
+"""Independent NumPy implementations the tests compare against.
+
+Written directly from the papers (probabilities, not log space), in float64.
+"""
+
+import numpy as np
+
+
+def softmax_attention(scores, mask=None):
+    """Masked softmax over keys; rows with no valid key are zero."""
+    s = np.asarray(scores, np.float64)
+    mask = (
+        np.ones_like(s, bool)
+        if mask is None
+        else np.broadcast_to(mask, s.shape)
+    )
+    z = np.where(mask, np.exp(s - s.max()), 0.0)
+    row = z.sum(-1, keepdims=True)
+    return np.where(row > 0, z / np.where(row > 0, row, 1), 0.0)
+
+
+def doubly_normalized_attention(scores, mask=None, iterations=1):
+    """Paper Algorithm 1, step 4 (and Eq. 10 for more iterations)."""
+    s = np.asarray(scores, np.float64)
+    mask = (
+        np.ones_like(s, bool)
+        if mask is None
+        else np.broadcast_to(mask, s.shape)
+    )
+    pi = np.where(mask, np.exp(s - s.max()), 0.0)
+    for _ in range(iterations):
+        col = pi.sum(-2, keepdims=True)
+        xi = np.where(col > 0, pi / np.where(col > 0, col, 1), 0.0)
+        row = xi.sum(-1, keepdims=True)
+        pi = np.where(row > 0, xi / np.where(row > 0, row, 1), 0.0)
+    return pi
+
+
+def hybrid_attention(scores, mix, mask=None):
+    """Paper Eq. 12."""
+    return mix * doubly_normalized_attention(scores, mask) + (
+        1 - mix
+    ) * softmax_attention(scores, mask)
+
+
+def multi_head_attention(layer, query, value, normalize, mask=None):
+    """MHA forward pass with the layer's weights and a given normalization.
+
+    Args:
+        layer: a built `keras.layers.MultiHeadAttention` (default axes).
+        query: `(B, T, D)`; value: `(B, S, D)` (also used as key).
+        normalize: function of `(scores (B, N, T, S), mask)` -> weights.
+        mask: boolean `(B, T, S)` or `None`.
+
+    Returns:
+        `(output (B, T, D), weights (B, N, T, S))`.
+    """
+    wq, bq = (np.asarray(w) for w in layer._query_dense.weights)
+    wk, bk = (np.asarray(w) for w in layer._key_dense.weights)
+    wv, bv = (np.asarray(w) for w in layer._value_dense.weights)
+    wo, bo = (np.asarray(w) for w in layer._output_dense.weights)
+    q = np.einsum("btd,dnh->btnh", query, wq) + bq
+    k = np.einsum("bsd,dnh->bsnh", value, wk) + bk
+    v = np.einsum("bsd,dnh->bsnh", value, wv) + bv
+    scores = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1])
+    weights = normalize(
+        scores, None if mask is None else np.asarray(mask)[:, None]
+    )
+    context = np.einsum("bnts,bsnh->btnh", weights, v)
+    return np.einsum("btnh,nhd->btd", context, wo) + bo, weights
+
+
+def mode_collapse_toy(normalize, steps=4, seed=0):
+    """Paper Appendix E: two Gaussian clusters, Q = K = I, x <- A(xx^T) x.
+
+    Returns the points after each step, a list of `(550, 2)` arrays.
+    """
+    rng = np.random.default_rng(seed)
+    big = rng.normal([1.8, 0.7], np.sqrt(0.1), size=(500, 2))
+    small = rng.normal([-1.0, -1.0], np.sqrt(0.1), size=(50, 2))
+    x = np.concatenate([big, small])
+    history = [x]
+    for _ in range(steps):
+        x = normalize(x @ x.T) @ x
+        history.append(x)
+    return history

@@ -1,0 +1,58 @@
+"""Private MultiHeadAttention members our subclasses rely on.
+
+If a Keras release renames or changes them, this fails loudly; pin the
+Keras range in pyproject.toml accordingly.
+"""
+
+import inspect
+
+import keras
+import numpy as np
+
+from keras_attnvariants.testing.test_case import TestCase
+
+
+class MultiHeadAttentionContractTest(TestCase):
+    def test_private_members_exist_with_expected_meaning(self):
+        layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3)
+        x = np.zeros((1, 4, 5), "float32")
+        layer(x, x)
+        self.assertEqual(layer._dot_product_equation, "aecd,abcd->acbe")
+        self.assertEqual(layer._combine_equation, "acbe,aecd->abcd")
+        self.assertAllClose(layer._inverse_sqrt_key_dim, 1 / np.sqrt(3))
+        for name in (
+            "_dropout_layer",
+            "_query_dense",
+            "_key_dense",
+            "_value_dense",
+            "_output_dense",
+            "_num_heads",
+            "_key_dim",
+            "_dropout",
+            "_compute_causal_mask",
+        ):
+            self.assertTrue(hasattr(layer, name), name)
+
+    def test_compute_attention_signature(self):
+        params = list(
+            inspect.signature(
+                keras.layers.MultiHeadAttention._compute_attention
+            ).parameters
+        )
+        self.assertEqual(
+            params[:7],
+            [
+                "self",
+                "query",
+                "key",
+                "value",
+                "attention_mask",
+                "training",
+                "return_attention_scores",
+            ],
+        )
+        call_params = inspect.signature(
+            keras.layers.MultiHeadAttention.call
+        ).parameters
+        self.assertIn("value_mask", call_params)
+        self.assertIn("use_causal_mask", call_params)
