@@ -1,0 +1,93 @@
+"""Picking a `tf.distribute` strategy for the machine at hand.
+
+`pick_strategy()` returns `TPUStrategy` when a TPU is reachable,
+`MirroredStrategy` over the visible GPUs when there are several (or one),
+and otherwise the default strategy. For several machines, build a
+`tf.distribute.MultiWorkerMirroredStrategy()` yourself (it reads
+`TF_CONFIG`) and open its `scope()` around model creation exactly as with
+the strategies returned here; the layers and losses of this package need
+nothing else.
+
+On the JAX backend use `keras.distribution.DataParallel` instead (see
+`data_parallel()`); on PyTorch use its own data-parallel tools.
+"""
+
+import keras
+
+
+def _tensorflow():
+    if keras.config.backend() != "tensorflow":
+        raise ValueError(
+            "tf.distribute strategies need the TensorFlow backend. "
+            f"Received: KERAS_BACKEND={keras.config.backend()!r}"
+        )
+    import tensorflow as tf
+
+    return tf
+
+
+def split_cpu(num_devices):
+    """Splits the host CPU into `num_devices` logical devices.
+
+    Must run before TensorFlow initializes its devices (before any op);
+    used to test multi-replica training on a CPU-only machine.
+    """
+    tf = _tensorflow()
+    if num_devices < 1:
+        raise ValueError(
+            f"`num_devices` must be >= 1. Received: num_devices={num_devices}"
+        )
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu,
+        [tf.config.LogicalDeviceConfiguration()] * num_devices,
+    )
+    return tf.config.list_logical_devices("CPU")
+
+
+def pick_strategy(tpu=None, cpu_replicas=None):
+    """The best `tf.distribute.Strategy` for this machine.
+
+    Args:
+        tpu: optional TPU name or address for `TPUClusterResolver`
+            (`None` tries the local / environment-configured TPU).
+        cpu_replicas: optional int. Without accelerators, use a
+            `MirroredStrategy` over this many logical CPU devices (they must
+            have been created with `split_cpu`); `None` means the default
+            strategy.
+
+    Returns:
+        A `tf.distribute.Strategy`.
+    """
+    tf = _tensorflow()
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    except (ValueError, RuntimeError, tf.errors.NotFoundError):
+        pass
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        return tf.distribute.MirroredStrategy([d.name for d in gpus])
+    if cpu_replicas:
+        cpus = tf.config.list_logical_devices("CPU")[:cpu_replicas]
+        if len(cpus) < cpu_replicas:
+            raise ValueError(
+                f"Asked for cpu_replicas={cpu_replicas} but only {len(cpus)} "
+                "logical CPU devices exist; call split_cpu() first."
+            )
+        return tf.distribute.MirroredStrategy([d.name for d in cpus])
+    return tf.distribute.get_strategy()
+
+
+def data_parallel():
+    """`keras.distribution.DataParallel` over all devices (JAX backend)."""
+    if keras.config.backend() != "jax":
+        raise ValueError(
+            "keras.distribution needs the JAX backend. "
+            f"Received: KERAS_BACKEND={keras.config.backend()!r}"
+        )
+    return keras.distribution.DataParallel(
+        devices=keras.distribution.list_devices()
+    )
