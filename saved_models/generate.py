@@ -15,9 +15,9 @@ import shutil
 import keras
 import numpy as np
 
-from keras_attnvariants.testing.golden import ARTIFACTS
-from keras_attnvariants.testing.golden import build_model
-from keras_attnvariants.testing.golden import golden_inputs
+from keras_attnvariants.testing.layer_zoo import GOLDEN
+from keras_attnvariants.testing.layer_zoo import build_model
+from keras_attnvariants.testing.layer_zoo import training_data
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -25,9 +25,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def main():
     if keras.config.backend() != "tensorflow":
         raise SystemExit("Run with KERAS_BACKEND=tensorflow (for export).")
-    for name in ARTIFACTS:
+    for name in GOLDEN:
         model = build_model(name)
-        inputs = golden_inputs()
+        inputs = training_data(num=2, seed=0)[0]
         expected = keras.ops.convert_to_numpy(model(inputs, training=False))
         model.save(os.path.join(HERE, f"{name}.keras"))
         export_dir = os.path.join(HERE, f"{name}_savedmodel")

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attnvariants.testing.golden import ARTIFACTS
+from keras_attnvariants.testing.layer_zoo import GOLDEN
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "saved_models")
 
@@ -25,7 +25,7 @@ print(json.dumps("keras_attnvariants" in sys.modules))
 """
 
 
-@pytest.mark.parametrize("name", sorted(ARTIFACTS))
+@pytest.mark.parametrize("name", GOLDEN)
 def test_keras_artifact_loads_in_safe_mode_with_same_outputs(name):
     io = np.load(os.path.join(ROOT, f"{name}_io.npz"))
     model = keras.saving.load_model(os.path.join(ROOT, f"{name}.keras"))
@@ -38,7 +38,7 @@ def test_keras_artifact_loads_in_safe_mode_with_same_outputs(name):
 @pytest.mark.skipif(
     keras.config.backend() != "tensorflow", reason="SavedModel needs TF"
 )
-@pytest.mark.parametrize("name", sorted(ARTIFACTS))
+@pytest.mark.parametrize("name", GOLDEN)
 def test_savedmodel_serves_same_outputs_in_fresh_process(name):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.run(
@@ -61,10 +61,10 @@ def test_savedmodel_serves_same_outputs_in_fresh_process(name):
     assert imported_package is False
 
 
-@pytest.mark.parametrize("name", sorted(ARTIFACTS))
+@pytest.mark.parametrize("name", GOLDEN)
 def test_fresh_model_matches_golden_definition(name):
     # generate.py and the current code build the same architecture.
-    from keras_attnvariants.testing.golden import build_model
+    from keras_attnvariants.testing.layer_zoo import build_model
 
     model = keras.saving.load_model(os.path.join(ROOT, f"{name}.keras"))
     fresh = build_model(name)

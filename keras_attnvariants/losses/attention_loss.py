@@ -25,6 +25,7 @@ from contextlib import contextmanager
 
 import keras
 from keras import ops
+from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 _TOKEN_IDS = threading.local()
@@ -133,7 +134,9 @@ class AttentionLoss(keras.layers.Layer):
         value = ops.cast(self.compute_loss_value(*args, **kwargs), "float32")
         if not in_symbolic_scope():
             self.add_loss(value)
-            if self.track_metric:
+            # JAX trains through a stateless scope that drops metric updates
+            # made inside layers; the loss itself is still collected there.
+            if self.track_metric and not in_stateless_scope():
                 self.loss_tracker.update_state(value)
         return value
 

@@ -1,0 +1,62 @@
+"""One tiny configuration of every public layer, shared by the scale-out
+tests (tf.distribute, JAX data parallel, XLA + mixed_bfloat16) and the
+golden artifacts."""
+
+import keras
+from keras import ops
+
+import keras_attnvariants as kav
+from keras_attnvariants.losses.attention_loss import AttentionLoss
+
+LENGTH, VOCAB, DIM = 6, 11, 8
+
+
+@keras.saving.register_keras_serializable(package="keras_attnvariants_test")
+class WeightSquareLoss(AttentionLoss):
+    """Batch mean of the squared attention weights (a deterministic term)."""
+
+    def compute_loss_value(self, attention_weights):
+        per_example = ops.sum(ops.square(attention_weights), axis=(1, 2, 3))
+        return 0.1 * ops.mean(per_example)
+
+    def from_attention(self, context):
+        return self(context["attention_weights"])
+
+
+# name -> factory of the attention layer; `deterministic` variants must give
+# identical loss histories on one device and under MirroredStrategy.
+LAYERS = {
+    "doubly_normalized_attention": lambda: kav.DoublyNormalizedAttention(
+        2, 4, iterations=2
+    ),
+    "hybrid_attention": lambda: kav.HybridAttention(2, 4, hybrid_init=0.3),
+    "dnas_with_attention_loss": lambda: kav.DoublyNormalizedAttention(
+        2, 4, attention_losses=[WeightSquareLoss(name="weight_square")]
+    ),
+}
+DETERMINISTIC = set(LAYERS)
+GOLDEN = ("doubly_normalized_attention", "hybrid_attention")
+
+
+def build_model(name, dtype=None):
+    """Seeded functional model: embedding (mask_zero) -> layer -> dense."""
+    keras.utils.set_random_seed(1)
+    tokens = keras.Input((LENGTH,), dtype="int32", name="tokens")
+    x = keras.layers.Embedding(VOCAB, DIM, mask_zero=True, dtype=dtype)(tokens)
+    layer = LAYERS[name]()
+    if dtype is not None:
+        layer = type(layer).from_config({**layer.get_config(), "dtype": dtype})
+    x = x + layer(x, x)
+    x = keras.layers.GlobalAveragePooling1D(dtype=dtype)(x)
+    outputs = keras.layers.Dense(3, name="head", dtype="float32")(x)
+    return keras.Model({"tokens": tokens}, outputs, name=name)
+
+
+def training_data(num=32, seed=0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, VOCAB, size=(num, LENGTH)).astype("int32")
+    tokens[:, 4:] *= rng.random((num, 1)) < 0.5  # padding on half the rows
+    targets = rng.normal(size=(num, 3)).astype("float32")
+    return {"tokens": tokens}, targets
