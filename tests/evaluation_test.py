@@ -1,0 +1,41 @@
+import numpy as np
+import pytest
+
+from keras_attnvariants import evaluation
+
+
+def test_ece_perfectly_calibrated_and_overconfident():
+    # 10 predictions at confidence 0.8 with 8 correct: calibrated.
+    probs = np.tile([[0.8, 0.2]], (10, 1))
+    labels = np.array([0] * 8 + [1] * 2)
+    assert evaluation.expected_calibration_error(
+        probs, labels
+    ) == pytest.approx(0.0, abs=1e-12)
+    # Same confidence, half correct: gap 0.3.
+    labels = np.array([0] * 5 + [1] * 5)
+    assert evaluation.expected_calibration_error(
+        probs, labels
+    ) == pytest.approx(0.3)
+
+
+def test_ece_matches_hand_computation_over_two_bins():
+    probs = np.array([[0.95, 0.05], [0.9, 0.1], [0.4, 0.6], [0.45, 0.55]])
+    labels = np.array([0, 1, 1, 0])
+    # bins (15): 0.95 and 0.9 -> bin 14 and 13; 0.6 -> 9; 0.55 -> 8.
+    want = 0.25 * (0.05 + 0.9 + 0.4 + 0.55)
+    got = evaluation.expected_calibration_error(probs, labels)
+    assert got == pytest.approx(want)
+
+
+def test_ece_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="probabilities"):
+        evaluation.expected_calibration_error(np.ones(3), np.ones(3))
+
+
+def test_explained_away_fraction_counts_valid_keys_only():
+    weights = np.zeros((1, 1, 2, 4))
+    weights[0, 0, :, 0] = 1.0  # every query attends key 0 only
+    mask = np.array([[True, True, True, False]])
+    frac = evaluation.explained_away_fraction(weights, mask)
+    assert frac == pytest.approx(2 / 3)
+    assert evaluation.explained_away_fraction(weights) == pytest.approx(3 / 4)
