@@ -2,6 +2,7 @@
 
 import keras
 from keras import ops
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.losses.attention_loss import build_context
@@ -31,6 +32,18 @@ def accelerator_available():
     return False
 
 
+def prefer_fused_path():
+    """What `attention_path="auto"` picks at inference, by measurement.
+
+    Accelerators: fused (flash kernels). CPU (docs/benchmarks.md): the
+    explicit path is faster under TensorFlow and JAX (XLA fuses the
+    normalization, the fused path recomputes `Q K^T` for the bias), the fused
+    one under PyTorch (its `scaled_dot_product_attention` kernel beats eager
+    per-op normalization).
+    """
+    return keras.config.backend() == "torch" or accelerator_available()
+
+
 @keras.saving.register_keras_serializable(package="keras_attnvariants")
 class VariantAttention(keras.layers.MultiHeadAttention):
     """Base class: `MultiHeadAttention` with a replaceable normalization.
@@ -50,8 +63,9 @@ class VariantAttention(keras.layers.MultiHeadAttention):
       the weights before dropout and the projected queries and keys.
     - `attention_path`: `"explicit"` materializes the weights; `"fused"`
       calls `keras.ops.dot_product_attention` with a bias (accelerator flash
-      kernels); `"auto"` picks fused on GPU/TPU and explicit on CPU, where it
-      measured faster. The explicit path is always used when the weights are
+      kernels); `"auto"` picks fused on GPU/TPU and, on CPU, whichever
+      measured faster: explicit under TensorFlow and JAX, fused under
+      PyTorch. The explicit path is always used when the weights are
       needed (returned scores, dropout in training, attention losses).
 
     Args:
@@ -196,7 +210,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             return False
         if self.attention_path == "fused":
             return True
-        return accelerator_available()
+        return prefer_fused_path()
 
     def _compute_attention(
         self,
@@ -217,7 +231,15 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             )
         # mask: (B, 1, T, S) or None
         mask = self._prepare_mask(attention_mask, query, key)
-        with_losses = bool(self.attention_losses) and bool(training)
+        # Attached terms run in training, and once symbolically so that
+        # their own weights exist before the optimizer is built (variables
+        # created inside a distributed train step are rejected).
+        building = in_symbolic_scope() and not all(
+            term.built for term in self.attention_losses
+        )
+        with_losses = bool(self.attention_losses) and (
+            bool(training) or building
+        )
         need_weights = (
             return_attention_scores
             or with_losses

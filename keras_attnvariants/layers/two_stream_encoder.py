@@ -1,0 +1,259 @@
+"""`TwoStreamEncoder`: a stack of `TwoStreamBlock`s with embeddings."""
+
+import keras
+from keras import ops
+
+from keras_attnvariants.layers.two_stream_block import MODES
+from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
+from keras_attnvariants.layers.two_stream_block import _positive_int
+from keras_attnvariants.ops.receptive_field import receptive_field_mean_size
+from keras_attnvariants.ops.receptive_field import receptive_field_union_size
+from keras_attnvariants.ops.receptive_field import receptive_fields
+
+REDUCTIONS = ("mean", "union")
+
+
+@keras.saving.register_keras_serializable(package="keras_attnvariants")
+class TwoStreamEncoder(keras.layers.Layer):
+    """Two-stream (or single-stream discrete) transformer encoder.
+
+    Token ids (0 = padding) are embedded with learned token and position
+    embeddings, once for the model stream and, unless `share_embeddings`,
+    once per controller; then `num_layers` `TwoStreamBlock`s run. With
+    `num_views > 1` each view has its own controllers (and controller
+    embeddings) and all views share the model stream (multiview model of
+    Kinley 2020, chapter 4.2). With `receptive_field_coefficient > 0` the
+    layer adds, in training, `coefficient * mean_b size(s^L)` as a loss,
+    where `s^L` are the soft receptive fields of the discrete samples (see
+    `keras_attnvariants.ops.receptive_field`; `receptive_field_reduction`
+    `"mean"` = per-position mean size, `"union"` = size of the union).
+
+    Args:
+        vocab_size: int. Token ids are in `[0, vocab_size)`.
+        max_length: int. Longest sequence.
+        num_layers: int. Number of blocks.
+        d_model, num_heads, d_ff, mode, temperature, straight_through,
+            seed: as in `TwoStreamBlock`.
+        num_views: int >= 1. Controllers per block. Defaults to `1`.
+        share_embeddings: bool. Controllers reuse the model stream's
+            embeddings. Defaults to `True`.
+        receptive_field_coefficient: float >= 0. Defaults to `0.0`.
+        receptive_field_reduction: `"mean"` or `"union"`. Defaults to
+            `"mean"`.
+        **kwargs: `keras.layers.Layer` arguments.
+
+    Call arguments:
+        token_ids: int `(B, T)`.
+        view: int. Which controller set to use. Defaults to `0`.
+        use_causal_mask: bool. Defaults to `False`.
+        return_attention: bool. Also return the list of per-layer discrete
+            weights `(B, N, T, T)`. Defaults to `False`.
+        training: bool.
+
+    Returns:
+        The model stream `(B, T, d_model)` (the controller is internal),
+        and with `return_attention=True` the list of weights.
+
+    Example:
+
+    >>> import numpy as np
+    >>> encoder = TwoStreamEncoder(10, 6, 2, d_model=8, num_heads=2, d_ff=16)
+    >>> tuple(encoder(np.array([[3, 4, 5, 0]])).shape)
+    (1, 4, 8)
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        max_length,
+        num_layers,
+        d_model=64,
+        num_heads=4,
+        d_ff=128,
+        num_views=1,
+        mode="two_stream",
+        share_embeddings=True,
+        temperature=1.0,
+        straight_through=False,
+        receptive_field_coefficient=0.0,
+        receptive_field_reduction="mean",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("max_length", max_length),
+            ("num_layers", num_layers),
+            ("num_views", num_views),
+        ):
+            _positive_int(name, value)
+        if mode not in MODES:
+            raise ValueError(
+                f"`mode` must be one of {MODES}. Received: mode={mode!r}"
+            )
+        if mode == "single_stream" and num_views != 1:
+            raise ValueError(
+                "`num_views` must be 1 in single_stream mode. "
+                f"Received: num_views={num_views}"
+            )
+        if receptive_field_reduction not in REDUCTIONS:
+            raise ValueError(
+                f"`receptive_field_reduction` must be one of {REDUCTIONS}. "
+                "Received: receptive_field_reduction="
+                f"{receptive_field_reduction!r}"
+            )
+        if not receptive_field_coefficient >= 0:
+            raise ValueError(
+                "`receptive_field_coefficient` must be >= 0. Received: "
+                f"receptive_field_coefficient={receptive_field_coefficient}"
+            )
+        self.vocab_size = vocab_size
+        self.max_length = max_length
+        self.num_layers = num_layers
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.num_views = num_views
+        self.mode = mode
+        self.share_embeddings = bool(share_embeddings)
+        self.temperature = float(temperature)
+        self.straight_through = bool(straight_through)
+        self.receptive_field_coefficient = float(receptive_field_coefficient)
+        self.receptive_field_reduction = receptive_field_reduction
+        self.seed = seed
+        policy = self.dtype_policy
+
+        def embeddings(prefix):
+            return (
+                keras.layers.Embedding(
+                    vocab_size, d_model, name=f"{prefix}_tokens", dtype=policy
+                ),
+                keras.layers.Embedding(
+                    max_length,
+                    d_model,
+                    name=f"{prefix}_positions",
+                    dtype=policy,
+                ),
+            )
+
+        self.model_embeddings = embeddings("model")
+        separate = mode == "two_stream" and not self.share_embeddings
+        self.controller_embeddings = [
+            embeddings(f"controller{v}") if separate else self.model_embeddings
+            for v in range(num_views if mode == "two_stream" else 1)
+        ]
+        self.blocks = [
+            TwoStreamBlock(
+                d_model,
+                num_heads,
+                d_ff,
+                num_controllers=num_views if mode == "two_stream" else 1,
+                mode=mode,
+                temperature=temperature,
+                straight_through=straight_through,
+                seed=None if seed is None else seed + i,
+                name=f"block{i}",
+                dtype=policy,
+            )
+            for i in range(num_layers)
+        ]
+
+    def build(self, input_shape):
+        shape = tuple(input_shape)
+        for tokens, positions in [
+            self.model_embeddings,
+            *self.controller_embeddings,
+        ]:
+            tokens.build(shape)
+            positions.build(shape)
+        stream = (*shape, self.d_model)
+        for block in self.blocks:
+            block.build(
+                (stream, stream) if self.mode == "two_stream" else stream
+            )
+
+    def _embed(self, token_ids, layers):
+        tokens, positions = layers
+        index = ops.arange(ops.shape(token_ids)[1])
+        return tokens(token_ids) + ops.expand_dims(positions(index), 0)
+
+    def call(
+        self,
+        token_ids,
+        view=0,
+        use_causal_mask=False,
+        return_attention=False,
+        training=None,
+    ):
+        if not 0 <= view < self.num_views:
+            raise ValueError(
+                f"`view` must be in [0, {self.num_views}). "
+                f"Received: view={view}"
+            )
+        padding_mask = ops.not_equal(token_ids, 0)
+        h = self._embed(token_ids, self.model_embeddings)
+        if self.mode == "two_stream":
+            g = self._embed(token_ids, self.controller_embeddings[view])
+        attentions = []
+        for block in self.blocks:
+            if self.mode == "two_stream":
+                (g, h), z = block(
+                    (g, h),
+                    padding_mask=padding_mask,
+                    view=view,
+                    use_causal_mask=use_causal_mask,
+                    training=training,
+                )
+            else:
+                h, z = block(
+                    h,
+                    padding_mask=padding_mask,
+                    use_causal_mask=use_causal_mask,
+                    training=training,
+                )
+            attentions.append(z)
+        if training and self.receptive_field_coefficient > 0:
+            fields = receptive_fields(attentions, padding_mask)
+            if self.receptive_field_reduction == "mean":
+                size = receptive_field_mean_size(fields, padding_mask)
+            else:
+                size = receptive_field_union_size(fields)
+            self.add_loss(self.receptive_field_coefficient * ops.mean(size))
+        if return_attention:
+            return h, attentions
+        return h
+
+    def compute_output_spec(self, token_ids, return_attention=False, **kwargs):
+        batch, length = token_ids.shape
+        h = keras.KerasTensor((batch, length, self.d_model), self.compute_dtype)
+        if not return_attention:
+            return h
+        z = keras.KerasTensor(
+            (batch, self.num_heads, length, length), "float32"
+        )
+        return h, [z] * self.num_layers
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocab_size": self.vocab_size,
+                "max_length": self.max_length,
+                "num_layers": self.num_layers,
+                "d_model": self.d_model,
+                "num_heads": self.num_heads,
+                "d_ff": self.d_ff,
+                "num_views": self.num_views,
+                "mode": self.mode,
+                "share_embeddings": self.share_embeddings,
+                "temperature": self.temperature,
+                "straight_through": self.straight_through,
+                "receptive_field_coefficient": (
+                    self.receptive_field_coefficient
+                ),
+                "receptive_field_reduction": self.receptive_field_reduction,
+                "seed": self.seed,
+            }
+        )
+        return config

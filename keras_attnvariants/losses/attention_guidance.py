@@ -1,0 +1,477 @@
+"""Attention guidance (AG): steer chosen heads toward fixed patterns."""
+
+import keras
+from keras import ops
+
+from keras_attnvariants.losses.attention_loss import AttentionLoss
+from keras_attnvariants.ops.patterns import EDGE_ROWS
+from keras_attnvariants.ops.patterns import PATTERN_NAMES
+from keras_attnvariants.ops.patterns import guidance_pattern
+from keras_attnvariants.ops.patterns import normalize_token_id
+
+REDUCTIONS = ("sum", "mean")
+
+
+def default_head_patterns(num_heads, fraction=0.5):
+    """The paper's head map: guide `round(fraction * num_heads)` heads.
+
+    Heads `0, 1, ..., g - 1` are guided (contiguous, like the reference
+    code): head 0 `"next"`, head 1 `"prev"`, the others `"first"`.
+
+    Args:
+        num_heads: int >= 1. Heads per attention layer.
+        fraction: float in `(0, 1]`. Fraction `lambda` of guided heads
+            (paper default 0.5). At least one head is guided.
+
+    Returns:
+        dict `{head_index: pattern_name}`.
+
+    Example:
+
+    >>> default_head_patterns(4)
+    {0: 'next', 1: 'prev'}
+    >>> default_head_patterns(8, fraction=0.5)
+    {0: 'next', 1: 'prev', 2: 'first', 3: 'first'}
+    """
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int):
+        raise ValueError(
+            "`num_heads` must be an int >= 1. "
+            f"Received: num_heads={num_heads!r}"
+        )
+    if num_heads < 1:
+        raise ValueError(
+            f"`num_heads` must be an int >= 1. Received: num_heads={num_heads}"
+        )
+    if not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
+        raise ValueError(
+            "`fraction` must be a float in (0, 1]. "
+            f"Received: fraction={fraction!r}"
+        )
+    guided = max(1, int(round(fraction * num_heads)))
+    names = ["next", "prev"] + ["first"] * max(0, guided - 2)
+    return {head: names[head] for head in range(guided)}
+
+
+def guidance_alpha(step, alpha, decay_steps=None, warm_steps=0):
+    """The guidance weight `alpha_t` at optimizer step `step` (float32).
+
+    `alpha_t = alpha` for `t < warm_steps`, then decays linearly and reaches
+    0 at `t = warm_steps + decay_steps`; it stays 0 afterwards. With
+    `decay_steps=None` it is constant.
+    """
+    t = ops.cast(step, "float32")
+    if decay_steps is None:
+        return ops.ones_like(t) * alpha
+    progress = ops.clip((t - warm_steps) / float(decay_steps), 0.0, 1.0)
+    return alpha * (1.0 - progress)
+
+
+def _normalize_head_map(head_map, allow_empty):
+    if not isinstance(head_map, dict) or (not head_map and not allow_empty):
+        raise ValueError(
+            "`head_patterns` must be a non-empty dict {head_index: "
+            "pattern_name} or a list of such dicts (one per layer). "
+            f"Received: head_patterns={head_map!r}"
+        )
+    normalized = {}
+    for head, name in head_map.items():
+        if isinstance(head, str) and head.isdigit():
+            head = int(head)
+        if isinstance(head, bool) or not isinstance(head, int) or head < 0:
+            raise ValueError(
+                "`head_patterns` keys must be head indices (ints >= 0). "
+                f"Received: head_patterns={head_map!r}"
+            )
+        if name not in PATTERN_NAMES:
+            raise ValueError(
+                f"`head_patterns` values must be one of {PATTERN_NAMES}. "
+                f"Received: head_patterns={head_map!r}"
+            )
+        normalized[head] = name
+    return dict(sorted(normalized.items()))
+
+
+def _check_number(name, value, minimum, allow_none=False):
+    if value is None and allow_none:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or value < minimum
+        or (minimum > 0 and value <= 0)
+    ):
+        raise ValueError(
+            f"`{name}` must be a number >= {minimum}"
+            + (" or None" if allow_none else "")
+            + f". Received: {name}={value!r}"
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_attnvariants")
+class AttentionGuidanceRegularizer(AttentionLoss):
+    """Attention guidance loss: pulls guided heads toward fixed patterns.
+
+    For one layer's self-attention weights `H` `(B, N, T, T)` (before
+    dropout) and a head map `{head j: pattern P_j}` this returns, with the
+    default `reduction="sum"` (paper Eq. 2-3),
+
+    `alpha_t * mean_b sum_{j guided} sum_{p, q valid} (H_bj[p, q] -
+    P_bj[p, q])^2`,
+
+    i.e. `alpha_t` times the batch mean of the summed squared Frobenius
+    distances over valid (non-padded) positions. Attached to every layer,
+    the terms add up to the paper's sum over layers. `reduction="mean"` is
+    the reference code's MSE: for each pattern, the mean of the squared
+    differences over its heads and the valid `(b, p, q)` entries, summed
+    over patterns. For `k` heads on a pattern and unpadded length `n`,
+    `mean = sum / (k * n^2)`: `alpha_sum = alpha_mean / (k * n^2)` gives the
+    same gradient (e.g. the reference's `alpha = 100` with 6 heads per
+    pattern at n = 128 is `alpha_sum ~ 1e-3`).
+
+    `alpha_t` schedule: constant `alpha` for `warm_steps` steps (the
+    reference code uses 20,000), then linear to 0 over `decay_steps` steps
+    (the paper decays from the first step: `warm_steps=0`,
+    `decay_steps=total steps`); `decay_steps=None` keeps it constant.
+
+    Step counter: `alpha_t` reads the non-trainable variable `step`, which
+    the term increments inside the (compiled) train step, so it works under
+    `jit_compile` on every backend and is saved with the model. One instance
+    may serve many attention layers (called several times per step): only
+    the call for layer index 0 increments `step`, before computing its
+    value, and every call uses `t = step - 1`, so all layers of one step see
+    the same `alpha_t`, with `t = 0` at the first step. Attached through
+    `attention_losses`, each attention layer gets its index from the order
+    in which the layers first call the term (forward order: index 0 is the
+    first attention layer). Called directly (e.g. on the scores of a
+    `keras.layers.MultiHeadAttention`), pass `layer_index=i` for the i-th
+    layer when one instance serves several layers; it defaults to 0. The
+    counter advances only in training calls (`training=True`).
+
+    Args:
+        head_patterns: dict `{head_index: pattern}` used in every layer, or
+            a list of such dicts, one per attention layer (an empty dict
+            leaves that layer unguided). Patterns: `"first"`, `"next"`,
+            `"prev"`, `"delimiter"`, `"period"` (see
+            `keras_attnvariants.ops.patterns.guidance_pattern`).
+            `default_head_patterns(num_heads)` builds the paper's map.
+        alpha: float >= 0. Initial weight `alpha_0` (paper: 100 for models
+            with fewer than 12 layers, 10 for 12-16 layers).
+        decay_steps: int >= 1 or `None`. Steps of the linear decay to 0
+            after the warm period. Defaults to `None` (constant).
+        warm_steps: int >= 0. Steps of constant `alpha` first. Defaults to
+            `0`.
+        reduction: `"sum"` (paper) or `"mean"` (reference code). Defaults
+            to `"sum"`.
+        edge_rows: `"uniform"` (paper) or `"zero"` (reference code): the
+            rows without a target (last row of "next", first of "prev",
+            "delimiter"/"period" rows of a sequence with no such token).
+            Defaults to `"uniform"`.
+        delimiter_ids: int or list of ints, needed by `"delimiter"` (e.g.
+            the ids of `[CLS]` and `[SEP]`). Defaults to `None`.
+        period_id: int or list of ints, needed by `"period"`. Defaults to
+            `None`.
+        track_metric: bool. Report the term as a `fit` metric named after
+            the layer (the mean over the layers that call it). Defaults to
+            `True`.
+        **kwargs: base layer arguments (`name`, `dtype`).
+
+    Call arguments:
+        attention_weights: `(B, N, T, T)` self-attention weights.
+        padding_mask: boolean `(B, T)`, `True` = real token, or `None`.
+        token_ids: int `(B, T)`, needed by "delimiter" / "period".
+        layer_index: int or `None`. Which head map of a per-layer list, and
+            whether this call advances the step counter (index 0).
+        training: bool. The step counter advances only in training.
+
+    Returns:
+        float32 scalar, also added with `add_loss`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras
+    >>> from keras_attnvariants.losses.attention_guidance import (
+    ...     AttentionGuidanceRegularizer)
+    >>> reg = AttentionGuidanceRegularizer({0: "next", 1: "prev"}, alpha=1.0)
+    >>> mha = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+    >>> x = np.random.rand(2, 5, 8).astype("float32")
+    >>> _, w = mha(x, x, return_attention_scores=True)
+    >>> float(reg(w)) > 0
+    True
+
+    Reference:
+        Deshpande and Narasimhan, "Guiding Attention for Self-Supervised
+        Learning with Transformers", Findings of EMNLP 2020.
+    """
+
+    def __init__(
+        self,
+        head_patterns,
+        alpha,
+        decay_steps=None,
+        warm_steps=0,
+        reduction="sum",
+        edge_rows="uniform",
+        delimiter_ids=None,
+        period_id=None,
+        track_metric=True,
+        **kwargs,
+    ):
+        if isinstance(head_patterns, (list, tuple)):
+            if not head_patterns:
+                raise ValueError(
+                    "`head_patterns` must be a non-empty dict or list of "
+                    f"dicts. Received: head_patterns={head_patterns!r}"
+                )
+            maps = [_normalize_head_map(m, True) for m in head_patterns]
+        else:
+            maps = [_normalize_head_map(head_patterns, False)]
+        _check_number("alpha", alpha, 0)
+        _check_number("decay_steps", decay_steps, 1, allow_none=True)
+        _check_number("warm_steps", warm_steps, 0)
+        if reduction not in REDUCTIONS:
+            raise ValueError(
+                f"`reduction` must be one of {REDUCTIONS}. "
+                f"Received: reduction={reduction!r}"
+            )
+        if edge_rows not in EDGE_ROWS:
+            raise ValueError(
+                f"`edge_rows` must be one of {EDGE_ROWS}. "
+                f"Received: edge_rows={edge_rows!r}"
+            )
+        used = {name for m in maps for name in m.values()}
+        if "delimiter" in used:
+            if delimiter_ids is None:
+                raise ValueError(
+                    "The 'delimiter' pattern needs `delimiter_ids` (an int "
+                    "or a list of ints). Received: delimiter_ids=None"
+                )
+        if delimiter_ids is not None:
+            delimiter_ids = list(normalize_token_id(delimiter_ids))
+        if "period" in used and period_id is None:
+            raise ValueError(
+                "The 'period' pattern needs `period_id` (an int or a list "
+                "of ints). Received: period_id=None"
+            )
+        if period_id is not None:
+            period_id = list(normalize_token_id(period_id))
+        super().__init__(track_metric=track_metric, **kwargs)
+        self.per_layer = isinstance(head_patterns, (list, tuple))
+        self.head_maps = maps
+        self.alpha = float(alpha)
+        self.decay_steps = None if decay_steps is None else int(decay_steps)
+        self.warm_steps = int(warm_steps)
+        self.reduction = reduction
+        self.edge_rows = edge_rows
+        self.delimiter_ids = delimiter_ids
+        self.period_id = period_id
+        self._layer_order = {}
+        self.step = self.add_weight(
+            name="step",
+            shape=(),
+            dtype="int32",
+            initializer="zeros",
+            trainable=False,
+        )
+        self.built = True
+
+    @property
+    def head_patterns(self):
+        """The head map(s) as given (int keys)."""
+        if self.per_layer:
+            return [dict(m) for m in self.head_maps]
+        return dict(self.head_maps[0])
+
+    def current_alpha(self):
+        """`alpha_t` of the latest training step (float32 scalar)."""
+        return guidance_alpha(
+            ops.maximum(self.step - 1, 0),
+            self.alpha,
+            self.decay_steps,
+            self.warm_steps,
+        )
+
+    def _head_map(self, layer_index):
+        if not self.per_layer:
+            return self.head_maps[0]
+        if not 0 <= layer_index < len(self.head_maps):
+            raise ValueError(
+                f"`head_patterns` holds {len(self.head_maps)} per-layer maps; "
+                "the term was called for an attention layer beyond them. "
+                f"Received: layer_index={layer_index}"
+            )
+        return self.head_maps[layer_index]
+
+    def _pattern(self, name, valid, token_ids):
+        token_id = {"delimiter": self.delimiter_ids, "period": self.period_id}
+        if name in token_id and token_ids is None:
+            raise ValueError(
+                f"The {name!r} pattern needs token ids: pass `token_ids` "
+                "(B, T), or open `keras_attnvariants.losses.token_ids_scope` "
+                "around the forward pass of attached layers. "
+                "Received: token_ids=None"
+            )
+        return guidance_pattern(
+            name,
+            valid,
+            token_ids=token_ids,
+            token_id=token_id.get(name),
+            edge_rows=self.edge_rows,
+        )
+
+    def call(
+        self,
+        attention_weights,
+        padding_mask=None,
+        token_ids=None,
+        layer_index=None,
+        training=None,
+    ):
+        # An explicit signature so Keras forwards `training` from the model.
+        return super().call(
+            attention_weights,
+            padding_mask=padding_mask,
+            token_ids=token_ids,
+            layer_index=layer_index,
+            training=training,
+        )
+
+    def compute_loss_value(
+        self,
+        attention_weights,
+        padding_mask=None,
+        token_ids=None,
+        layer_index=None,
+        training=None,
+    ):
+        index = 0 if layer_index is None else int(layer_index)
+        head_map = self._head_map(index)
+        weights = ops.cast(attention_weights, "float32")
+        shape = tuple(weights.shape)
+        if len(shape) != 4 or (None not in shape[2:] and shape[2] != shape[3]):
+            raise ValueError(
+                "`attention_weights` must be self-attention weights of shape "
+                "(batch, num_heads, length, length). Received: "
+                f"attention_weights with shape {shape}"
+            )
+        if head_map and shape[1] is not None and max(head_map) >= shape[1]:
+            raise ValueError(
+                f"`head_patterns` guides head {max(head_map)}, but the "
+                f"attention has {shape[1]} heads. Received: "
+                f"attention_weights with shape {shape}"
+            )
+        if training and index == 0:
+            self.step.assign_add(1)
+        alpha = self.current_alpha()
+        if not head_map:
+            return ops.zeros((), "float32")
+        if padding_mask is None:
+            valid = ops.ones_like(weights[:, 0, 0, :], dtype="bool")
+        else:
+            valid = ops.cast(padding_mask, "bool")
+        valid_f = ops.cast(valid, "float32")
+        # pair: (B, 1, T, T), real (query, key) pairs.
+        pair = ops.expand_dims(
+            ops.expand_dims(valid_f, -1) * ops.expand_dims(valid_f, -2), 1
+        )
+        groups = {}
+        for head, name in head_map.items():
+            groups.setdefault(name, []).append(head)
+        total = 0.0
+        for name, heads in groups.items():
+            target = ops.expand_dims(self._pattern(name, valid, token_ids), 1)
+            # guided: (B, k, T, T), the heads guided toward `name`.
+            guided = ops.take(weights, heads, axis=1)
+            squared = ops.square(guided - target) * pair
+            if self.reduction == "sum":
+                total = total + ops.sum(squared, axis=(1, 2, 3))
+            else:
+                count = ops.maximum(ops.sum(pair), 1.0) * len(heads)
+                total = total + ops.sum(squared) / count
+        return alpha * ops.mean(total)
+
+    def _attention_layer_index(self, layer):
+        key = id(layer)
+        if key not in self._layer_order:
+            self._layer_order[key] = len(self._layer_order)
+        return self._layer_order[key]
+
+    def from_attention(self, context):
+        return self(
+            context["attention_weights"],
+            padding_mask=context["key_mask"],
+            token_ids=context["token_ids"],
+            layer_index=self._attention_layer_index(context["layer"]),
+            training=True,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        maps = [{str(h): n for h, n in m.items()} for m in self.head_maps]
+        config.update(
+            {
+                "head_patterns": maps if self.per_layer else maps[0],
+                "alpha": self.alpha,
+                "decay_steps": self.decay_steps,
+                "warm_steps": self.warm_steps,
+                "reduction": self.reduction,
+                "edge_rows": self.edge_rows,
+                "delimiter_ids": self.delimiter_ids,
+                "period_id": self.period_id,
+            }
+        )
+        return config
+
+
+def guidance_attention_bias(
+    head_patterns,
+    num_heads,
+    padding_mask,
+    strength=1.0,
+    token_ids=None,
+    delimiter_ids=None,
+    period_id=None,
+    edge_rows="uniform",
+):
+    """Guidance as an additive attention bias instead of a loss.
+
+    Returns `strength * P_j` for each guided head `j` and zeros for the
+    others, shape `(B, N, T, T)` float32, to add to the attention logits,
+    e.g. `keras.ops.dot_product_attention(q, k, v, bias=bias)`. Unlike the
+    loss it changes the forward pass (also at inference) and needs no
+    schedule; a large `strength` approaches hard-coded patterns.
+
+    Args:
+        head_patterns: dict `{head_index: pattern}`.
+        num_heads: int. Heads `N` of the attention.
+        padding_mask: boolean `(B, T)`.
+        strength: float. Logit added at the pattern's targets. Defaults to
+            `1.0`.
+        token_ids, delimiter_ids, period_id, edge_rows: as in
+            `AttentionGuidanceRegularizer`.
+    """
+    head_map = _normalize_head_map(head_patterns, False)
+    if max(head_map) >= num_heads:
+        raise ValueError(
+            f"`head_patterns` guides head {max(head_map)} but "
+            f"`num_heads` is {num_heads}. Received: num_heads={num_heads}"
+        )
+    token_id = {"delimiter": delimiter_ids, "period": period_id}
+    zeros = None
+    heads = []
+    for head in range(num_heads):
+        name = head_map.get(head)
+        if name is None:
+            if zeros is None:
+                zeros = ops.zeros_like(guidance_pattern("first", padding_mask))
+            heads.append(zeros)
+            continue
+        pattern = guidance_pattern(
+            name,
+            padding_mask,
+            token_ids=token_ids,
+            token_id=token_id.get(name),
+            edge_rows=edge_rows,
+        )
+        heads.append(strength * pattern)
+    return ops.stack(heads, axis=1)

@@ -1,0 +1,50 @@
+"""Gradient reversal: identity forward, gradient scaled by `-beta` backward.
+
+Written with `stop_gradient` only, so it works unchanged on TensorFlow, JAX
+and PyTorch, inside `jit`/XLA, and needs no custom-gradient registration:
+
+`y = stop_gradient(x) - beta * (x - stop_gradient(x))`
+
+Forward, the bracket is exactly 0, so `y = x` bit for bit; backward only
+`-beta * x` carries a gradient, `dy/dx = -beta`. This is the notes' form
+`stop_gradient(x (1 + beta)) - x beta` rearranged: that one rounds in the
+forward pass and overflows float16 for `|x| (1 + beta) > 65504`.
+"""
+
+from keras import ops
+
+
+def _check_beta(beta):
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)):
+        raise ValueError(f"`beta` must be a float. Received: beta={beta!r}")
+
+
+def gradient_reversal(x, beta=1.0):
+    """Identity in the forward pass; multiplies the gradient by `-beta`.
+
+    Used to train an adversary and the features it looks at in one
+    optimizer step (Ganin and Lempitsky, 2015): the adversary minimizes a
+    loss, the features upstream of the reversal maximize it.
+
+    Args:
+        x: tensor of any floating dtype.
+        beta: float. Gradient scale; the backward pass multiplies the
+            incoming gradient by `-beta`. Defaults to `1.0`.
+
+    Returns:
+        A tensor equal to `x` (exactly, in `x`'s dtype), whose
+        gradient with respect to `x` is `-beta` times the incoming one.
+
+    Example:
+
+    >>> from keras_attnvariants.ops.gradient_reversal import (
+    ...     gradient_reversal,
+    ... )
+    >>> float(gradient_reversal(3.0))
+    3.0
+    """
+    _check_beta(beta)
+    x = ops.convert_to_tensor(x)
+    beta = float(beta)
+    frozen = ops.stop_gradient(x)
+    return frozen - beta * (x - frozen)

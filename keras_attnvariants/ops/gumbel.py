@@ -1,0 +1,174 @@
+"""Gumbel-softmax sampling of attention weights.
+
+Pure functions on `keras.ops`. Scores are `(..., T, S)`: queries on axis -2,
+keys on axis -1. Everything runs in float32. Masked keys get weight exactly
+0 and are never selected; a query row with no valid key gives all zeros,
+never NaN.
+
+The relaxed sample (Jang et al. 2017; Maddison et al. 2017) is
+
+`y = softmax((log_softmax(s) + g) / temperature)`, `g = -log(-log(U))`,
+
+with `U ~ Uniform(0, 1)`. Like the thesis code, both logs are clamped with
+`1e-20` so `U = 0` and `U = 1` stay finite.
+"""
+
+import keras
+from keras import ops
+
+from keras_attnvariants.ops.masking import MASK_FILL
+
+# Clamp inside both logs of the Gumbel transform (thesis code).
+GUMBEL_EPS = 1e-20
+
+
+def _check_temperature(temperature):
+    if isinstance(temperature, (int, float)) and not isinstance(
+        temperature, bool
+    ):
+        if not temperature > 0:
+            raise ValueError(
+                "`temperature` must be a float > 0. "
+                f"Received: temperature={temperature}"
+            )
+
+
+def gumbel_from_uniform(uniform):
+    """Standard Gumbel noise `-log(-log(U))` from float32 uniforms.
+
+    Args:
+        uniform: tensor of values in `[0, 1)`.
+
+    Returns:
+        A float32 tensor of the same shape, finite for every input in
+        `[0, 1]`.
+    """
+    u = ops.cast(uniform, "float32")
+    return -ops.log(-ops.log(u + GUMBEL_EPS) + GUMBEL_EPS)
+
+
+def gumbel_noise(shape, seed=None):
+    """Float32 standard Gumbel noise drawn with `keras.random`.
+
+    Args:
+        shape: tuple of ints, the noise shape.
+        seed: int, `keras.random.SeedGenerator` or `None`. With an int or a
+            generator in a given state the noise is reproducible.
+
+    Returns:
+        A float32 tensor of shape `shape`.
+    """
+    uniform = keras.random.uniform(shape, dtype="float32", seed=seed)
+    return gumbel_from_uniform(uniform)
+
+
+def masked_log_softmax(scores, mask=None):
+    """Float32 `log_softmax` over keys; masked entries at `MASK_FILL`.
+
+    Non-finite scores (e.g. `inf` from an overflowing half-precision
+    product) are clamped to `+-1e9`, so the result is always finite.
+    """
+    x = ops.cast(scores, "float32")
+    x = ops.clip(ops.nan_to_num(x, nan=0.0), -1e9, 1e9)
+    if mask is not None:
+        mask = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(x))
+        x = ops.where(mask, x, MASK_FILL)
+    x = x - ops.logsumexp(x, axis=-1, keepdims=True)
+    if mask is not None:
+        x = ops.where(mask, x, MASK_FILL)
+    return x
+
+
+def _finish(weights, mask):
+    if mask is None:
+        return weights
+    mask = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(weights))
+    return ops.where(mask, weights, 0.0)
+
+
+def relaxed_sample(scores, noise, temperature=1.0, mask=None):
+    """Relaxed Gumbel-softmax sample over the valid keys.
+
+    `softmax((log_softmax(s) + g) / temperature)` over keys, float32.
+
+    Args:
+        scores: tensor `(..., T, S)` of attention logits.
+        noise: float32 Gumbel noise broadcastable to `scores`, e.g. from
+            `gumbel_noise`. Zero noise gives the tempered softmax.
+        temperature: float > 0 or a scalar tensor.
+        mask: optional boolean tensor broadcastable to `scores`, `True` =
+            may attend.
+
+    Returns:
+        float32 weights shaped like `scores`: each row with a valid key is a
+        distribution over its valid keys; masked entries and rows with no
+        valid key are 0.
+    """
+    _check_temperature(temperature)
+    logits = masked_log_softmax(scores, mask)
+    y = (logits + ops.cast(noise, "float32")) / ops.cast(temperature, "float32")
+    if mask is not None:
+        mask_b = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(y))
+        y = ops.where(mask_b, y, MASK_FILL)
+    return _finish(ops.softmax(y, axis=-1), mask)
+
+
+def argmax_indices(logits):
+    """`(..., T)` int32 indices of the largest logit of each row."""
+    return ops.cast(ops.argmax(logits, axis=-1), "int32")
+
+
+def one_hot_argmax(scores, mask=None):
+    """Exactly one-hot float32 weights at the noise-free argmax.
+
+    Ties pick the first maximal key. Masked keys are never selected; a row
+    with no valid key is all zeros.
+    """
+    logits = masked_log_softmax(scores, mask)
+    hard = ops.one_hot(
+        argmax_indices(logits), ops.shape(logits)[-1], dtype="float32"
+    )
+    return _finish(hard, mask)
+
+
+def straight_through(soft, mask=None):
+    """Straight-through estimator: one-hot forward, `soft`'s gradient.
+
+    Args:
+        soft: float32 weights `(..., T, S)`, e.g. from `relaxed_sample`.
+        mask: optional boolean mask broadcastable to `soft`.
+
+    Returns:
+        `one_hot(argmax(soft)) + (soft - stop_gradient(soft))`: exactly
+        one-hot in the forward pass (0 on masked entries and rows without
+        a valid key), with the gradient of `soft`.
+    """
+    soft = ops.cast(soft, "float32")
+    hard = ops.one_hot(
+        argmax_indices(soft), ops.shape(soft)[-1], dtype="float32"
+    )
+    hard = _finish(hard, mask)
+    # The bracket is exactly 0 forward, so the forward value is exactly hard.
+    return hard + (soft - ops.stop_gradient(soft))
+
+
+def gather_values(value, indices, row_valid=None):
+    """One value row per query: the output of one-hot attention.
+
+    Args:
+        value: `(B, S, N, H)` projected values (Keras MHA layout).
+        indices: `(B, N, T)` int key index per head and query.
+        row_valid: optional `(B, N, T)` booleans; rows without a valid key
+            give zeros.
+
+    Returns:
+        `(B, T, N, H)`, equal to `einsum("bnts,bsnh->btnh", one_hot, value)`
+        without the `S`-long weighted sum.
+    """
+    # value_t: (B, N, S, H); picked: (B, N, T, H)
+    value_t = ops.transpose(value, (0, 2, 1, 3))
+    picked = ops.take_along_axis(value_t, ops.expand_dims(indices, -1), axis=2)
+    if row_valid is not None:
+        keep = ops.cast(ops.expand_dims(row_valid, -1), picked.dtype)
+        picked = picked * keep
+    return ops.transpose(picked, (0, 2, 1, 3))

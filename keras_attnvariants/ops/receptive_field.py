@@ -1,0 +1,97 @@
+"""Receptive fields of discrete attention (Kinley 2020, appendix).
+
+`s^l_ij` says whether token `i`'s representation at layer `l` depends on
+token `j`'s embedding. With residual connections and attention `z^l`:
+
+`s^0 = I`, `s^l_ij = min(s^{l-1}_ij + sum_k z^l_ik s^{l-1}_kj, 1)`.
+
+With relaxed Gumbel samples `z` this is differentiable (soft receptive
+fields); with one-hot argmax attention it is exact (hard receptive fields).
+Heads are summed: attending `k` through any head makes `k`'s dependencies
+yours.
+
+About the size reduction: the thesis prints
+`|U_i r(i, L)| = sum_i min(sum_j s^L_ij, 1)`, but every `s_ii = 1`, so each
+`min(., 1)` is 1 and the sum is the constant `T`: no gradient. The union
+of the receptive fields is `sum_j min(sum_i s^L_ij, 1)` (a token is in
+the union if any position depends on it), implemented as
+`receptive_field_union_size`. For language modeling, where later positions
+see everything before them, the per-position mean size
+`mean_i sum_j s^L_ij` (`receptive_field_mean_size`) is the useful
+sparsity penalty; it is the default of the encoder's regularizer.
+"""
+
+from keras import ops
+
+
+def _token_mask(mask, like):
+    """float32 `(B, T)` valid-token mask (all ones when `mask` is None)."""
+    if mask is None:
+        return ops.ones(ops.shape(like)[:2], "float32")
+    return ops.cast(mask, "float32")
+
+
+def receptive_fields(attentions, mask=None):
+    """Soft receptive fields `s^L` from per-layer self-attention.
+
+    Args:
+        attentions: list of per-layer weights, each `(B, N, T, T)` or
+            `(B, T, T)`: relaxed samples (training) or one-hot (inference).
+        mask: optional `(B, T)` booleans, `True` = real token.
+
+    Returns:
+        float32 `(B, T, T)` in `[0, 1]`; `[b, i, j]` is the dependence of
+        position `i` on token `j`. Rows and columns of padded tokens are 0.
+    """
+    first = ops.cast(attentions[0], "float32")
+    length = ops.shape(first)[-1]
+    valid = _token_mask(mask, first[:, 0] if len(first.shape) == 4 else first)
+    pair = ops.expand_dims(valid, -1) * ops.expand_dims(valid, -2)
+    s = ops.expand_dims(ops.eye(length, dtype="float32"), 0) * pair
+    for z in attentions:
+        z = ops.cast(z, "float32")
+        if len(z.shape) == 4:
+            z = ops.sum(z, axis=1)
+        s = ops.minimum(s + ops.matmul(z * pair, s), 1.0)
+    return s
+
+
+def hard_receptive_fields(attentions, mask=None):
+    """Boolean `(B, T, T)` receptive fields from one-hot attention."""
+    return ops.greater(receptive_fields(attentions, mask), 0.5)
+
+
+def receptive_field_union_size(fields):
+    """`sum_j min(sum_i s_ij, 1)`: soft size of the union, `(B,)`."""
+    return ops.sum(ops.minimum(ops.sum(fields, axis=-2), 1.0), axis=-1)
+
+
+def receptive_field_mean_size(fields, mask=None):
+    """`mean_i sum_j s_ij` over the valid positions, `(B,)`."""
+    valid = _token_mask(mask, fields)
+    sizes = ops.sum(fields, axis=-1) * valid
+    return ops.sum(sizes, axis=-1) / ops.maximum(ops.sum(valid, axis=-1), 1.0)
+
+
+def precision_recall(predicted, target, mask=None):
+    """Micro-averaged precision and recall of dependency sets.
+
+    Args:
+        predicted: boolean `(B, T, T)` receptive fields.
+        target: boolean `(B, T, T)` true dependencies.
+        mask: optional boolean broadcastable to `(B, T, T)`: the entries
+            (e.g. positions with a prediction) to score.
+
+    Returns:
+        `(precision, recall)` as float32 scalars; 0 where undefined.
+    """
+    predicted = ops.cast(predicted, "float32")
+    target = ops.cast(target, "float32")
+    if mask is not None:
+        weight = ops.cast(mask, "float32")
+        predicted = predicted * weight
+        target = target * weight
+    hits = ops.sum(predicted * target)
+    precision = hits / ops.maximum(ops.sum(predicted), 1.0)
+    recall = hits / ops.maximum(ops.sum(target), 1.0)
+    return precision, recall

@@ -1,0 +1,245 @@
+"""Distances between point clouds: Sinkhorn OT, conditional transport, MMD.
+
+Pure functions on `keras.ops`. Point clouds are `(..., n, d)` with optional
+boolean point masks `(..., n)` (`True` = the point exists); masked points
+get zero mass, so padding never moves a result. Everything runs in float32;
+outputs are float32.
+"""
+
+from keras import ops
+
+from keras_attnvariants.ops.masking import MASK_FILL
+from keras_attnvariants.ops.normalization import masked_softmax
+
+
+def _check_positive(name, value, integer=False):
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value <= 0:
+        kind = "an int >= 1" if integer else "a float > 0"
+        raise ValueError(f"`{name}` must be {kind}. Received: {name}={value!r}")
+
+
+def _point_mask(mask, shape):
+    """Boolean `(..., n)` mask, all `True` when `mask` is `None`."""
+    if mask is None:
+        return ops.ones(shape, "bool")
+    return ops.broadcast_to(ops.cast(mask, "bool"), shape)
+
+
+def uniform_marginal(mask):
+    """Mask-weighted uniform weights `(..., n)`: `1 / count` on valid points.
+
+    A set with no valid point gets all-zero weights.
+    """
+    mask = ops.cast(mask, "float32")
+    return mask / ops.maximum(ops.sum(mask, axis=-1, keepdims=True), 1.0)
+
+
+def squared_euclidean_cost(x, y):
+    """Pairwise `||x_i - y_j||^2`, `(..., n, m)`, float32, never negative."""
+    x = ops.cast(x, "float32")
+    y = ops.cast(y, "float32")
+    x2 = ops.sum(ops.square(x), axis=-1)[..., :, None]
+    y2 = ops.sum(ops.square(y), axis=-1)[..., None, :]
+    xy = ops.einsum("...id,...jd->...ij", x, y)
+    return ops.maximum(x2 + y2 - 2.0 * xy, 0.0)
+
+
+def cosine_cost(x, y):
+    """Pairwise `1 - cos(x_i, y_j)`, `(..., n, m)`, float32, in `[0, 2]`."""
+    x = ops.cast(x, "float32")
+    y = ops.cast(y, "float32")
+    x = x / ops.sqrt(ops.sum(ops.square(x), axis=-1, keepdims=True) + 1e-12)
+    y = y / ops.sqrt(ops.sum(ops.square(y), axis=-1, keepdims=True) + 1e-12)
+    return 1.0 - ops.einsum("...id,...jd->...ij", x, y)
+
+
+def sinkhorn_plan(
+    cost,
+    epsilon=0.01,
+    iterations=100,
+    row_mask=None,
+    col_mask=None,
+    normalize_cost=True,
+):
+    """Entropic optimal transport plan, log-domain Sinkhorn.
+
+    Solves `min_P sum_ij C_ij P_ij - epsilon * H(P)` subject to
+    `P 1 = a`, `P^T 1 = b`, where `a` and `b` are uniform over the valid
+    rows and columns. Runs a FIXED number of iterations (no data-dependent
+    stopping, so it compiles under XLA and runs on TPU). Each iteration
+    updates the log-scalings `u = log a - logsumexp_j(M_ij + v_j)`,
+    `v = log b - logsumexp_i(M_ij + u_i)` with `M = -C / epsilon`; the plan
+    is `exp(M + u + v)`. The column marginals are exact after the last
+    iteration; the row marginals converge (within 1e-3 after the default
+    100 iterations on clouds of a few dozen points, see the tests).
+
+    Args:
+        cost: tensor `(..., n, m)`.
+        epsilon: float > 0. Entropic regularization, in units of the
+            normalized cost when `normalize_cost=True`. Defaults to `0.01`
+            (paper).
+        iterations: int >= 1. Sinkhorn iterations. Defaults to `100`.
+        row_mask: optional boolean `(..., n)`; `False` rows get no mass.
+        col_mask: optional boolean `(..., m)`; `False` columns get no mass.
+        normalize_cost: bool. Divide each cost matrix by its largest valid
+            entry (a constant for the gradient) so that `epsilon` means
+            the same at every scale. Defaults to `True`.
+
+    Returns:
+        float32 plan `(..., n, m)`, exactly 0 on masked rows and columns;
+        its entries sum to 1 when any row and column is valid.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_attnvariants.ops.transport import sinkhorn_plan
+    >>> plan = sinkhorn_plan(np.random.rand(4, 5).astype("float32"))
+    >>> round(float(plan.numpy().sum()), 4)
+    1.0
+    """
+    _check_positive("epsilon", epsilon)
+    _check_positive("iterations", iterations, integer=True)
+    cost = ops.cast(cost, "float32")
+    shape = ops.shape(cost)
+    rows = _point_mask(row_mask, shape[:-1])
+    cols = _point_mask(col_mask, shape[:-2] + shape[-1:])
+    # valid: (..., n, m)
+    valid = ops.logical_and(rows[..., :, None], cols[..., None, :])
+    if normalize_cost:
+        scale = ops.max(
+            ops.where(valid, ops.abs(cost), 0.0), axis=(-2, -1), keepdims=True
+        )
+        cost = cost / ops.stop_gradient(ops.maximum(scale, 1e-12))
+    # log_kernel: (..., n, m); masked pairs at MASK_FILL.
+    log_kernel = ops.where(valid, -cost / epsilon, MASK_FILL)
+    log_a = ops.where(rows, ops.log(uniform_marginal(rows) + 1e-30), MASK_FILL)
+    log_b = ops.where(cols, ops.log(uniform_marginal(cols) + 1e-30), MASK_FILL)
+
+    def step(_, state):
+        u, v = state
+        u = log_a - ops.logsumexp(log_kernel + v[..., None, :], axis=-1)
+        v = log_b - ops.logsumexp(log_kernel + u[..., :, None], axis=-2)
+        return u, v
+
+    u = ops.zeros_like(log_a)
+    v = ops.zeros_like(log_b)
+    u, v = ops.fori_loop(0, iterations, step, (u, v))
+    plan = ops.exp(log_kernel + u[..., :, None] + v[..., None, :])
+    return ops.where(valid, plan, 0.0)
+
+
+def sinkhorn_cost(
+    cost, epsilon=0.01, iterations=100, row_mask=None, col_mask=None
+):
+    """Entropic OT cost `sum_ij C_ij P_ij`, `(...)`, float32.
+
+    The plan `P` of `sinkhorn_plan` (normalized cost) is held constant for
+    the gradient. By the envelope theorem this is the exact gradient of the
+    entropic OT objective with respect to the cost, and it avoids
+    back-propagating through the iterations.
+    """
+    cost = ops.cast(cost, "float32")
+    plan = sinkhorn_plan(
+        cost, epsilon, iterations, row_mask, col_mask, normalize_cost=True
+    )
+    return ops.sum(ops.stop_gradient(plan) * cost, axis=(-2, -1))
+
+
+def conditional_transport_plans(logits, row_mask=None, col_mask=None):
+    """Forward and backward conditional transport plans.
+
+    With uniform marginals over the valid points,
+    `forward[i, j] = pi(y_j | x_i)` is the softmax of `logits[i, :]` over
+    valid columns and `backward[i, j] = pi(x_i | y_j)` the softmax of
+    `logits[:, j]` over valid rows (Zheng and Zhou, 2021).
+
+    Args:
+        logits: tensor `(..., n, m)`, e.g. `t(x_i) . t(y_j)`.
+        row_mask: optional boolean `(..., n)`.
+        col_mask: optional boolean `(..., m)`.
+
+    Returns:
+        `(forward, backward)`, float32 `(..., n, m)`, 0 on masked pairs.
+    """
+    logits = ops.cast(logits, "float32")
+    shape = ops.shape(logits)
+    rows = _point_mask(row_mask, shape[:-1])
+    cols = _point_mask(col_mask, shape[:-2] + shape[-1:])
+    valid = ops.logical_and(rows[..., :, None], cols[..., None, :])
+    forward = masked_softmax(logits, valid)
+    backward = ops.swapaxes(
+        masked_softmax(
+            ops.swapaxes(logits, -1, -2), ops.swapaxes(valid, -1, -2)
+        ),
+        -1,
+        -2,
+    )
+    return forward, backward
+
+
+def conditional_transport_cost(
+    cost, logits, row_mask=None, col_mask=None, rho=0.5
+):
+    """Bidirectional conditional transport cost, `(...)`, float32.
+
+    `rho * E_{x ~ p_X} E_{y ~ pi(.|x)} c(x, y)
+    + (1 - rho) * E_{y ~ p_Y} E_{x ~ pi(.|y)} c(x, y)` with uniform
+    `p_X`, `p_Y` over the valid points and the plans of
+    `conditional_transport_plans(logits)` (paper Eq. 4 with `rho = 0.5`).
+    """
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)):
+        raise ValueError(
+            f"`rho` must be a float in [0, 1]. Received: rho={rho!r}"
+        )
+    if not 0.0 <= rho <= 1.0:
+        raise ValueError(f"`rho` must be in [0, 1]. Received: rho={rho}")
+    cost = ops.cast(cost, "float32")
+    shape = ops.shape(cost)
+    rows = _point_mask(row_mask, shape[:-1])
+    cols = _point_mask(col_mask, shape[:-2] + shape[-1:])
+    forward, backward = conditional_transport_plans(logits, rows, cols)
+    a = uniform_marginal(rows)
+    b = uniform_marginal(cols)
+    to_y = ops.sum(a * ops.sum(forward * cost, axis=-1), axis=-1)
+    to_x = ops.sum(b * ops.sum(backward * cost, axis=-2), axis=-1)
+    return rho * to_y + (1.0 - rho) * to_x
+
+
+def gaussian_mmd(x, y, x_mask=None, y_mask=None, bandwidth=1.0):
+    """Squared maximum mean discrepancy with a Gaussian kernel, `(...)`.
+
+    `MMD^2 = E k(x, x') + E k(y, y') - 2 E k(x, y)` with
+    `k(a, b) = exp(-||a - b||^2 / (2 bandwidth^2))` and uniform weights on
+    the valid points (the biased V-statistic: 0 for identical clouds,
+    never negative). The paper's diagnostic uses the standard kernel,
+    `bandwidth=1`.
+
+    Args:
+        x: tensor `(..., n, d)`.
+        y: tensor `(..., m, d)`.
+        x_mask: optional boolean `(..., n)`.
+        y_mask: optional boolean `(..., m)`.
+        bandwidth: float > 0. Kernel width. Defaults to `1.0`.
+
+    Returns:
+        float32 `(...)`; 0 where either cloud has no valid point.
+    """
+    _check_positive("bandwidth", bandwidth)
+    x = ops.cast(x, "float32")
+    y = ops.cast(y, "float32")
+    wx = uniform_marginal(_point_mask(x_mask, ops.shape(x)[:-1]))
+    wy = uniform_marginal(_point_mask(y_mask, ops.shape(y)[:-1]))
+    scale = -0.5 / float(bandwidth) ** 2
+
+    def mean_kernel(p, q, wp, wq):
+        k = ops.exp(scale * squared_euclidean_cost(p, q))
+        return ops.sum(wp * ops.sum(k * wq[..., None, :], axis=-1), axis=-1)
+
+    mmd = (
+        mean_kernel(x, x, wx, wx)
+        + mean_kernel(y, y, wy, wy)
+        - 2.0 * mean_kernel(x, y, wx, wy)
+    )
+    present = ops.logical_and(ops.sum(wx, -1) > 0.5, ops.sum(wy, -1) > 0.5)
+    return ops.where(present, ops.maximum(mmd, 0.0), 0.0)

@@ -1,0 +1,206 @@
+import keras
+import numpy as np
+import pytest
+
+import keras_attnvariants as kav
+from keras_attnvariants.backbones.attention_weights import attention_weights
+from keras_attnvariants.backbones.attention_weights import hybrid_weights
+from keras_attnvariants.backbones.conversion import convert_backbone
+from keras_attnvariants.losses.attention_loss import AttentionLoss
+from keras_attnvariants.testing.test_case import TestCase
+
+keras_hub = pytest.importorskip(
+    "keras_hub", reason="keras-hub (optional extra) is not installed"
+)
+
+
+def bert(num_layers=2):
+    return keras_hub.models.BertBackbone(
+        vocabulary_size=50,
+        num_layers=num_layers,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=8,
+    )
+
+
+def inputs(lengths=(6, 4), total=6):
+    rng = np.random.default_rng(0)
+    valid = np.arange(total)[None] < np.array(lengths)[:, None]
+    ids = rng.integers(1, 50, size=valid.shape)
+    return {
+        "token_ids": np.where(valid, ids, 0).astype("int32"),
+        "segment_ids": np.zeros(valid.shape, "int32"),
+        "padding_mask": valid.astype("int32"),
+    }
+
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+class AttentionWeightsTest(TestCase):
+    def test_first_layer_matches_numpy_reference(self):
+        backbone = bert()
+        data = inputs()
+        weights = attention_weights(backbone, data)
+        self.assertLen(weights, 2)
+        self.assertEqual(weights[0].shape, (2, 2, 6, 6))
+        # Reference: the first layer's input from the embedding layers,
+        # then softmax(Q K^T / sqrt(H)) over unpadded keys in NumPy.
+        tokens = backbone.token_embedding(data["token_ids"])
+        x = backbone.embeddings_layer_norm(
+            backbone.embeddings_add(
+                (
+                    tokens,
+                    backbone.position_embedding(tokens),
+                    backbone.segment_embedding(data["segment_ids"]),
+                )
+            )
+        )
+        x = keras.ops.convert_to_numpy(x)
+        mha = backbone.transformer_layers[0]._self_attention_layer
+        wq, bq = mha._query_dense.get_weights()
+        wk, bk = mha._key_dense.get_weights()
+        q = np.einsum("btd,dnh->btnh", x, wq) + bq
+        k = np.einsum("bsd,dnh->bsnh", x, wk) + bk
+        scores = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(4.0)
+        key_valid = data["padding_mask"].astype(bool)[:, None, None, :]
+        expected = softmax(np.where(key_valid, scores, -1e9))
+        self.assertAllClose(weights[0], expected, atol=1e-5)
+
+    def test_dnas_weights_per_layer_and_head(self):
+        backbone = convert_backbone(bert(), kav.DoublyNormalizedAttention)
+        data = inputs(lengths=(6, 3))
+        for layer_weights in attention_weights(backbone, data):
+            for b, length in enumerate((6, 3)):
+                w = layer_weights[b, :, :length, :length]
+                # Rows of valid queries sum to 1, padded rows and columns 0.
+                self.assertAllClose(w.sum(-1), np.ones((2, length)))
+                self.assertAllClose(layer_weights[b, :, length:], 0.0)
+                self.assertAllClose(layer_weights[b, :, :, length:], 0.0)
+                # Theorem 2: every valid key receives >= 1/S in total.
+                self.assertTrue(np.all(w.sum(-2) >= 1.0 / length - 1e-6))
+
+    def test_albert_records_each_depth_of_a_shared_layer(self):
+        backbone = keras_hub.models.AlbertBackbone(
+            vocabulary_size=50,
+            num_layers=3,
+            num_heads=2,
+            embedding_dim=4,
+            hidden_dim=8,
+            intermediate_dim=16,
+            max_sequence_length=8,
+        )
+        weights = attention_weights(backbone, inputs())
+        self.assertLen(weights, 3)
+        self.assertFalse(np.allclose(weights[0], weights[1]))
+        # The temporary recorder is removed afterwards.
+        layer = backbone.transformer_layers[0][0]._self_attention_layer
+        self.assertNotIn("_compute_attention", vars(layer))
+
+    def test_hybrid_weights_per_layer(self):
+        backbone = convert_backbone(
+            bert(3), kav.HybridAttention, hybrid_init=0.2
+        )
+        self.assertAllClose(hybrid_weights(backbone), np.full((3, 2), 0.2))
+        with self.assertRaisesRegex(ValueError, "HybridAttention"):
+            hybrid_weights(bert())
+
+
+@keras.saving.register_keras_serializable(package="kav_backbone_tests")
+class RecordingLoss(AttentionLoss):
+    """A loss term that checks what an attention layer hands to it."""
+
+    seen = []
+
+    def compute_loss_value(self, weights, query, key, query_mask, token_ids):
+        # Mean attention on the first key of each valid query.
+        first = weights[:, :, :, 0]
+        mask = keras.ops.cast(query_mask[:, None, :], "float32")
+        return keras.ops.sum(first * mask) / keras.ops.sum(mask) + 0.0 * (
+            keras.ops.sum(keras.ops.cast(token_ids, "float32"))
+        )
+
+    def from_attention(self, context):
+        self.seen.append(
+            {
+                name: context[name]
+                for name in (
+                    "attention_weights",
+                    "query",
+                    "key",
+                    "attention_mask",
+                    "query_mask",
+                    "key_mask",
+                    "token_ids",
+                )
+            }
+        )
+        return self(
+            context["attention_weights"],
+            context["query"],
+            context["key"],
+            context["query_mask"],
+            context["token_ids"],
+        )
+
+
+class AttentionLossesTest(TestCase):
+    def test_terms_receive_context_and_show_as_metrics_in_fit(self):
+        if keras.backend.backend() != "tensorflow":
+            self.skipTest("metrics from layer losses: TensorFlow backend")
+        first = RecordingLoss(name="first_key")
+        second = RecordingLoss(name="first_key_again")
+        backbone = convert_backbone(
+            bert(),
+            kav.HybridAttention,
+            hybrid_init=0.5,
+            dropout=0.5,
+            attention_losses=[first, second],
+        )
+        data = inputs(lengths=(6, 4))
+        # Eager training call: the context holds real tensors.
+        RecordingLoss.seen.clear()
+        backbone(data, training=True)
+        self.assertLen(RecordingLoss.seen, 4)  # 2 layers x 2 terms
+        seen = RecordingLoss.seen[0]
+        weights = keras.ops.convert_to_numpy(seen["attention_weights"])
+        self.assertEqual(weights.shape, (2, 2, 6, 6))
+        # Before dropout (rate 0.5): valid rows still sum to exactly 1.
+        self.assertAllClose(weights[1, :, :4].sum(-1), np.ones((2, 4)))
+        self.assertEqual(tuple(seen["query"].shape), (2, 6, 2, 4))
+        self.assertEqual(tuple(seen["key"].shape), (2, 6, 2, 4))
+        self.assertEqual(tuple(seen["attention_mask"].shape), (2, 6, 6))
+        self.assertAllEqual(
+            keras.ops.convert_to_numpy(seen["query_mask"]),
+            data["padding_mask"].astype(bool),
+        )
+        self.assertAllEqual(
+            keras.ops.convert_to_numpy(seen["key_mask"]),
+            data["padding_mask"].astype(bool),
+        )
+        self.assertAllEqual(
+            keras.ops.convert_to_numpy(seen["token_ids"]), data["token_ids"]
+        )
+        # No terms at inference.
+        RecordingLoss.seen.clear()
+        backbone(data, training=False)
+        self.assertEmpty(RecordingLoss.seen)
+        # Each term is its own metric in `fit`, and adds to the loss.
+        classifier = keras_hub.models.BertTextClassifier(
+            backbone=backbone, num_classes=2, preprocessor=None
+        )
+        classifier.compile(
+            optimizer="adam",
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        history = classifier.fit(
+            data, np.array([0, 1]), batch_size=2, epochs=2, verbose=0
+        )
+        self.assertIn("first_key", history.history)
+        self.assertIn("first_key_again", history.history)
+        self.assertGreater(history.history["first_key"][-1], 0.0)
+        self.assertLen(classifier.losses, 4)

@@ -1,0 +1,329 @@
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from absl.testing import parameterized
+
+import keras_attnvariants as kav
+from keras_attnvariants.backbones import conversion
+from keras_attnvariants.backbones.conversion import convert_backbone
+from keras_attnvariants.backbones.conversion import self_attention_layers
+from keras_attnvariants.testing.test_case import TestCase
+
+keras_hub = pytest.importorskip(
+    "keras_hub", reason="keras-hub (optional extra) is not installed"
+)
+
+SMALL = {"num_layers": 2, "num_heads": 2, "hidden_dim": 8}
+ENCODERS = {
+    "bert": lambda: keras_hub.models.BertBackbone(
+        vocabulary_size=50, intermediate_dim=16, max_sequence_length=8, **SMALL
+    ),
+    "roberta": lambda: keras_hub.models.RobertaBackbone(
+        vocabulary_size=50, intermediate_dim=16, max_sequence_length=8, **SMALL
+    ),
+    # 3 depths share one encoder layer (one group, one inner layer).
+    "albert": lambda: keras_hub.models.AlbertBackbone(
+        vocabulary_size=50,
+        num_layers=3,
+        num_heads=2,
+        embedding_dim=4,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=8,
+    ),
+    "distil_bert": lambda: keras_hub.models.DistilBertBackbone(
+        vocabulary_size=50, intermediate_dim=16, max_sequence_length=8, **SMALL
+    ),
+    "electra": lambda: keras_hub.models.ElectraBackbone(
+        vocab_size=50,
+        embedding_dim=4,
+        intermediate_dim=16,
+        max_sequence_length=8,
+        **SMALL,
+    ),
+}
+ENCODER_CASES = [{"testcase_name": name, "name": name} for name in ENCODERS]
+
+
+def gpt2():
+    return keras_hub.models.GPT2Backbone(
+        vocabulary_size=50, intermediate_dim=16, max_sequence_length=8, **SMALL
+    )
+
+
+def backbone_inputs(backbone, lengths=(6, 4), total=6, seed=0):
+    """Token ids with right padding; only the inputs `backbone` takes."""
+    rng = np.random.default_rng(seed)
+    valid = np.arange(total)[None] < np.array(lengths)[:, None]
+    ids = rng.integers(1, 50, size=(len(lengths), total)).astype("int32")
+    data = {
+        "token_ids": np.where(valid, ids, 0).astype("int32"),
+        "segment_ids": np.zeros_like(ids),
+        "padding_mask": valid.astype("int32"),
+    }
+    names = [x.name for x in keras.tree.flatten(backbone.input)]
+    return {k: v for k, v in data.items() if k in names}
+
+
+def sequence_output(backbone, data):
+    out = backbone(data)
+    if isinstance(out, dict):
+        out = out["sequence_output"]
+    return keras.ops.convert_to_numpy(out)
+
+
+class ConvertBackboneTest(TestCase):
+    @parameterized.named_parameters(ENCODER_CASES)
+    def test_hybrid_at_zero_is_lossless_and_adds_one_weight_per_layer(
+        self, name
+    ):
+        original = ENCODERS[name]()
+        converted = convert_backbone(
+            original, kav.HybridAttention, hybrid_init=0.0
+        )
+        self.assertIsInstance(converted, type(original))
+        self.assertEqual(type(converted).__name__, type(original).__name__)
+        self.assertEqual(
+            converted.get_config()["num_layers"], original.num_layers
+        )
+        layers = self_attention_layers(converted)
+        self.assertTrue(all(isinstance(x, kav.HybridAttention) for x in layers))
+        # One new (num_heads,) mixing weight per distinct attention layer;
+        # no variable is duplicated (ALBERT's shared layer counts once).
+        num_distinct = 1 if name == "albert" else 2
+        self.assertLen(layers, num_distinct)
+        self.assertLen(converted.weights, len(original.weights) + num_distinct)
+        ids = [id(v) for v in converted.weights]
+        self.assertLen(set(ids), len(ids))
+        # Every original weight is carried over by path.
+        originals = {v.path: np.asarray(v) for v in original.weights}
+        for v in converted.weights:
+            if v.path.endswith("hybrid_weight"):
+                self.assertAllClose(np.asarray(v), np.zeros(2))
+            else:
+                self.assertAllClose(np.asarray(v), originals[v.path])
+        # Parity: everywhere without padding; on real tokens with padding
+        # (padded queries get zero attention in the converted layers).
+        full = backbone_inputs(original, lengths=(6, 6))
+        self.assertAllClose(
+            sequence_output(converted, full),
+            sequence_output(original, full),
+            atol=1e-5,
+        )
+        padded = backbone_inputs(original, lengths=(6, 3))
+        valid = padded["padding_mask"].astype(bool)
+        self.assertAllClose(
+            sequence_output(converted, padded)[valid],
+            sequence_output(original, padded)[valid],
+            atol=1e-5,
+        )
+
+    @parameterized.named_parameters(ENCODER_CASES)
+    def test_padding_invariance_dnas_and_hnas(self, name):
+        original = ENCODERS[name]()
+        for cls, kwargs in (
+            (kav.DoublyNormalizedAttention, {}),
+            (kav.HybridAttention, {"hybrid_init": 0.7}),
+        ):
+            converted = convert_backbone(original, cls, **kwargs)
+            short = backbone_inputs(original, lengths=(5, 3), total=5)
+            long = backbone_inputs(original, lengths=(5, 3), total=8)
+            long["token_ids"][:, :5] = short["token_ids"]
+            out_short = sequence_output(converted, short)
+            out_long = sequence_output(converted, long)
+            valid = short["padding_mask"].astype(bool)
+            self.assertAllClose(
+                out_long[:, :5][valid], out_short[valid], atol=1e-5
+            )
+
+    def test_padded_queries_would_leak_without_self_attention_padding(self):
+        # The trap `self_attention_padding` avoids: keras-hub masks only
+        # keys, so padded queries join DNAS's normalization over queries.
+        original = ENCODERS["bert"]()
+        # Sharpen the scores: near-uniform attention hides the leak.
+        for v in original.weights:
+            if v.path.endswith(("query/kernel", "key/kernel")):
+                v.assign(v * 30.0)
+        leaky = convert_backbone(
+            original,
+            kav.DoublyNormalizedAttention,
+            self_attention_padding=False,
+        )
+        short = backbone_inputs(original, lengths=(5, 3), total=5)
+        long = backbone_inputs(original, lengths=(5, 3), total=8)
+        long["token_ids"][:, :5] = short["token_ids"]
+        valid = short["padding_mask"].astype(bool)
+        diff = np.abs(
+            sequence_output(leaky, long)[:, :5][valid]
+            - sequence_output(leaky, short)[valid]
+        )
+        # 10x above the tolerance of the invariance test.
+        self.assertGreater(diff.max(), 1e-4)
+
+    def test_albert_groups_keep_sharing(self):
+        original = keras_hub.models.AlbertBackbone(
+            vocabulary_size=50,
+            num_layers=4,
+            num_heads=2,
+            embedding_dim=4,
+            hidden_dim=8,
+            intermediate_dim=16,
+            num_groups=2,
+            num_inner_repetitions=1,
+            max_sequence_length=8,
+        )
+        converted = convert_backbone(original, kav.DoublyNormalizedAttention)
+        # DNAS adds no variable: counts are equal, layers still shared.
+        self.assertLen(converted.weights, len(original.weights))
+        self.assertLen(self_attention_layers(converted), 2)
+        for group in converted.transformer_layers:
+            self.assertIsInstance(
+                group[0]._self_attention_layer, kav.DoublyNormalizedAttention
+            )
+
+    def test_decoder_rejects_non_causal_variants(self):
+        original = gpt2()
+        for cls in (kav.DoublyNormalizedAttention, kav.HybridAttention):
+            with self.assertRaisesRegex(ValueError, "not causal"):
+                convert_backbone(original, cls)
+
+    def test_decoder_with_user_subclass_keeps_cache_path(self):
+        original = gpt2()
+        converted = convert_backbone(original, ScaledLogitsAttention)
+        layers = self_attention_layers(converted)
+        self.assertIsInstance(layers[0], ScaledLogitsAttention)
+        self.assertIsInstance(
+            layers[0], keras_hub.layers.CachedMultiHeadAttention
+        )
+        self.assertLen(converted.weights, len(original.weights))
+        data = backbone_inputs(original, lengths=(6, 4))
+        valid = data["padding_mask"].astype(bool)
+        # scale=1 reproduces keras MHA with the carried-over weights.
+        self.assertAllClose(
+            sequence_output(converted, data)[valid],
+            sequence_output(original, data)[valid],
+            atol=1e-5,
+        )
+        # The decoder's KV-cache call path still works.
+        block = converted.transformer_layers[0]
+        x = np.random.default_rng(0).normal(size=(2, 1, 8)).astype("float32")
+        cache = np.zeros((2, 2, 4, 2, 4), "float32")
+        out, new_cache = block(
+            x, self_attention_cache=cache, self_attention_cache_update_index=0
+        )
+        self.assertEqual(tuple(out.shape), (2, 1, 8))
+        self.assertEqual(tuple(new_cache.shape), cache.shape)
+
+    def test_user_subclass_in_encoder_changes_outputs_as_defined(self):
+        original = ENCODERS["bert"]()
+        same = convert_backbone(original, ScaledLogitsAttention)
+        sharper = convert_backbone(original, ScaledLogitsAttention, scale=300.0)
+        data = backbone_inputs(original, lengths=(6, 6))
+        self.assertAllClose(
+            sequence_output(same, data),
+            sequence_output(original, data),
+            atol=1e-5,
+        )
+        self.assertGreater(
+            np.abs(
+                sequence_output(sharper, data) - sequence_output(same, data)
+            ).max(),
+            1e-4,
+        )
+
+    def test_reconversion_starts_from_the_original_class(self):
+        original = ENCODERS["bert"]()
+        hnas = convert_backbone(original, kav.HybridAttention, hybrid_init=0.3)
+        dnas = convert_backbone(hnas, kav.DoublyNormalizedAttention)
+        self.assertIs(type(dnas).__mro__[2], keras_hub.models.BertBackbone)
+        self.assertLen(dnas.weights, len(original.weights))
+
+    def test_invalid_arguments(self):
+        original = ENCODERS["bert"]()
+        with self.assertRaisesRegex(ValueError, "attention_class"):
+            convert_backbone(original, keras.layers.Dense)
+        with self.assertRaisesRegex(ValueError, "attention_losses"):
+            convert_backbone(
+                original,
+                keras.layers.MultiHeadAttention,
+                attention_losses=[kav.AttentionLoss()],
+            )
+        with self.assertRaisesRegex(ValueError, "hybrid_init"):
+            convert_backbone(original, kav.HybridAttention, hybrid_init=2.0)
+        with self.assertRaisesRegex(ValueError, "TransformerEncoder"):
+            inputs = keras.Input(shape=(4,))
+            dense = keras_hub.models.Backbone(
+                inputs=inputs, outputs=keras.layers.Dense(2)(inputs)
+            )
+            convert_backbone(dense, kav.HybridAttention)
+
+    def test_task_model_fits_end_to_end(self):
+        backbone = convert_backbone(
+            ENCODERS["bert"](), kav.HybridAttention, hybrid_init=0.5
+        )
+        classifier = keras_hub.models.BertTextClassifier(
+            backbone=backbone, num_classes=2, preprocessor=None
+        )
+        classifier.compile(
+            optimizer=keras.optimizers.Adam(1e-2),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        data = backbone_inputs(backbone, lengths=(6, 4, 5, 2))
+        labels = np.array([0, 1, 1, 0])
+        before = np.stack(
+            [
+                np.asarray(x.hybrid_weight)
+                for x in self_attention_layers(backbone)
+            ]
+        )
+        history = classifier.fit(
+            data, labels, batch_size=2, epochs=2, verbose=0
+        )
+        self.assertTrue(np.all(np.isfinite(history.history["loss"])))
+        after = np.stack(
+            [
+                np.asarray(x.hybrid_weight)
+                for x in self_attention_layers(backbone)
+            ]
+        )
+        # The mixing weights are trained (and stay in [0, 1]).
+        self.assertGreater(np.abs(after - before).max(), 0.0)
+        self.assertTrue(np.all((after >= 0.0) & (after <= 1.0)))
+
+    def test_missing_keras_hub_raises_install_hint(self):
+        code = (
+            "import sys; sys.modules['keras_hub'] = None\n"
+            "from keras_attnvariants.backbones import convert_backbone\n"
+            "try:\n"
+            "    convert_backbone(None, None)\n"
+            "except ImportError as e:\n"
+            "    print(e)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        self.assertIn("pip install 'keras-attnvariants[keras-hub]'", out.stdout)
+        self.assertEqual(conversion.INSTALL_HINT.split()[0], "pip")
+
+
+@keras.saving.register_keras_serializable(package="kav_backbone_tests")
+class ScaledLogitsAttention(keras.layers.MultiHeadAttention):
+    """A user's own MHA subclass: softmax of `scale * QK^T / sqrt(H)`."""
+
+    def __init__(self, num_heads, key_dim, scale=1.0, **kwargs):
+        super().__init__(num_heads=num_heads, key_dim=key_dim, **kwargs)
+        self.scale = scale
+
+    def _compute_attention(self, query, key, value, *args, **kwargs):
+        return super()._compute_attention(
+            query * self.scale, key, value, *args, **kwargs
+        )
+
+    def get_config(self):
+        return {**super().get_config(), "scale": self.scale}

@@ -1,0 +1,78 @@
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attnvariants.callbacks.temperature_schedule import (
+    TemperatureSchedule,
+)
+from keras_attnvariants.callbacks.temperature_schedule import gumbel_layers
+from keras_attnvariants.layers.gumbel_discrete_attention import (
+    GumbelDiscreteAttention,
+)
+from keras_attnvariants.testing.test_case import TestCase
+
+
+class Wrapper(keras.layers.Layer):
+    """A custom layer holding a nested attention layer in a list."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.blocks = [GumbelDiscreteAttention(num_heads=1, key_dim=2)]
+
+    def call(self, x):
+        return self.blocks[0](x, x)
+
+
+def small_model():
+    inputs = keras.Input((4, 3))
+    top = GumbelDiscreteAttention(num_heads=1, key_dim=2, seed=0)
+    x = top(inputs, inputs)
+    x = Wrapper()(x)
+    model = keras.Model(inputs, x)
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+class TemperatureScheduleTest(TestCase):
+    def test_schedule_values(self):
+        const = TemperatureSchedule("constant", initial=0.7)
+        self.assertEqual([const.value(t) for t in (0, 5)], [0.7, 0.7])
+        lin = TemperatureSchedule(
+            "linear", initial=1.0, final=0.2, steps=4, floor=0.3
+        )
+        self.assertAllClose(
+            [lin.value(t) for t in range(6)], [1.0, 0.8, 0.6, 0.4, 0.3, 0.3]
+        )
+        exp = TemperatureSchedule(
+            "exponential", initial=2.0, rate=0.5, floor=0.3
+        )
+        self.assertAllClose(
+            [exp.value(t) for t in range(5)], [2.0, 1.0, 0.5, 0.3, 0.3]
+        )
+
+    def test_finds_nested_layers_once(self):
+        model = small_model()
+        self.assertEqual(len(gumbel_layers(model)), 2)
+
+    def test_anneals_every_layer_during_fit(self):
+        model = small_model()
+        x = np.random.default_rng(0).normal(size=(2, 4, 3)).astype("float32")
+        schedule = TemperatureSchedule(
+            "exponential", initial=1.0, rate=0.5, floor=0.2, unit="batch"
+        )
+        model.fit(x, x, batch_size=1, epochs=2, verbose=0, callbacks=[schedule])
+        self.assertAllClose(schedule.history, [1.0, 0.5, 0.25, 0.2])
+        for layer in gumbel_layers(model):
+            self.assertAllClose(ops.convert_to_numpy(layer.temperature), 0.2)
+
+    def test_invalid_arguments_raise(self):
+        with self.assertRaisesRegex(ValueError, "schedule"):
+            TemperatureSchedule("cosine")
+        with self.assertRaisesRegex(ValueError, "floor"):
+            TemperatureSchedule(floor=0.0)
+        with self.assertRaisesRegex(ValueError, "initial"):
+            TemperatureSchedule(initial=-1.0)
+        with self.assertRaisesRegex(ValueError, "steps"):
+            TemperatureSchedule(steps=0)
+        with self.assertRaisesRegex(ValueError, "unit"):
+            TemperatureSchedule(unit="step")

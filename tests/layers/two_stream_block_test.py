@@ -1,0 +1,131 @@
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
+from keras_attnvariants.testing.test_case import TestCase
+
+
+def streams(seed=0, batch=2, length=5, dim=8):
+    rng = np.random.default_rng(seed)
+    g = rng.normal(size=(batch, length, dim)).astype("float32")
+    h = rng.normal(size=(batch, length, dim)).astype("float32")
+    valid = np.arange(length)[None] < np.array([length, length - 2])[:, None]
+    return g, h, valid
+
+
+def np_layer_norm(x, layer):
+    gamma, beta = (np.asarray(w) for w in layer.weights)
+    mean = x.mean(-1, keepdims=True)
+    var = x.var(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + layer.epsilon) * gamma + beta
+
+
+def np_dense(x, layer):
+    kernel, bias = (np.asarray(w) for w in layer.weights)
+    return x @ kernel + bias
+
+
+class TwoStreamBlockTest(TestCase):
+    def test_model_stream_reads_the_controllers_argmax_token(self):
+        g, h, valid = streams()
+        block = TwoStreamBlock(8, 2, 16, seed=0)
+        (_, h_out), z = block((g, h), padding_mask=valid)
+        # NumPy reference of the model stream from the controller's argmax.
+        c = block.controllers[0]
+        wq, bq = (np.asarray(w) for w in c["query"].weights)
+        wk, bk = (np.asarray(w) for w in c["key"].weights)
+        q = np.einsum("btd,dnh->btnh", g, wq) + bq
+        k = np.einsum("btd,dnh->btnh", g, wk) + bk
+        scores = np.einsum("btnh,bsnh->bnts", q, k) / 2.0
+        mask = (valid[:, :, None] & valid[:, None, :])[:, None]
+        idx = np.argmax(np.where(mask, scores, -np.inf), -1)
+        wv, bv = (np.asarray(w) for w in block.model_value.weights)
+        wo, bo = (np.asarray(w) for w in block.model_output.weights)
+        v = np.einsum("btd,dnh->btnh", h, wv) + bv
+        picked = np.stack(
+            [
+                np.stack([v[b, idx[b, n], n] for n in range(2)], 1)
+                for b in range(2)
+            ]
+        )  # (B, T, N, H)
+        update = np.einsum("btnh,nhd->btd", picked, wo) + bo
+        ff1, ff2, norm1, norm2 = block.model_ffn
+        x = np_layer_norm(h + update, norm1)
+        x = np_layer_norm(
+            x + np_dense(np.maximum(np_dense(x, ff1), 0), ff2), norm2
+        )
+        self.assertAllClose(
+            ops.convert_to_numpy(h_out)[valid], x[valid], atol=1e-4
+        )
+        z = ops.convert_to_numpy(z)
+        self.assertAllEqual(
+            np.argmax(z, -1)[mask[..., 0].repeat(2, 1)],
+            idx[mask[..., 0].repeat(2, 1)],
+        )
+
+    def test_training_samples_and_controller_gets_gradients_only_via_z(self):
+        g, h, valid = streams(1)
+        block = TwoStreamBlock(8, 2, 16, seed=1)
+        (_, _), z1 = block((g, h), padding_mask=valid, training=True)
+        (_, _), z2 = block((g, h), padding_mask=valid, training=True)
+        z1 = ops.convert_to_numpy(z1)
+        self.assertGreater(np.abs(z1 - ops.convert_to_numpy(z2)).max(), 1e-3)
+        rows = valid[:, None, :, None] & np.ones((1, 2, 1, 1), bool)
+        self.assertAllClose(z1.sum(-1)[rows[..., 0]], 1.0, atol=1e-5)
+        # The model stream does not see the controller's values: changing
+        # them leaves h unchanged at inference.
+        (_, h_a), _ = block((g, h), padding_mask=valid)
+        value = block.controllers[0]["value"]
+        value.kernel.assign(value.kernel * 3.0)
+        (_, h_b), _ = block((g, h), padding_mask=valid)
+        self.assertAllClose(h_a, h_b, atol=1e-6)
+
+    def test_multiview_controllers_share_the_model_stream(self):
+        g, h, valid = streams(2)
+        block = TwoStreamBlock(8, 2, 16, num_controllers=2)
+        (_, _), z0 = block((g, h), view=0)
+        (_, _), z1 = block((g, h), view=1)
+        self.assertNotAllClose(z0, z1)
+        names = [w.path for w in block.trainable_weights]
+        self.assertEqual(sum("model_value" in n for n in names), 2)
+        self.assertEqual(sum("_query" in n for n in names), 4)
+
+    def test_single_stream_causal(self):
+        _, h, _ = streams(3)
+        block = TwoStreamBlock(8, 2, 16, mode="single_stream")
+        out, z = block(h, use_causal_mask=True, training=True)
+        z = ops.convert_to_numpy(z)
+        self.assertEqual(tuple(out.shape), (2, 5, 8))
+        self.assertTrue(np.all(z[..., ~np.tril(np.ones((5, 5), bool))] == 0))
+
+    def test_mixed_precision(self):
+        g, h, valid = streams(4)
+        for policy in ("mixed_float16", "mixed_bfloat16"):
+            if policy == "mixed_float16" and keras.backend.backend() == "torch":
+                continue
+            block = TwoStreamBlock(8, 2, 16, dtype=policy)
+            for training in (True, False):
+                (g2, h2), z = block(
+                    (g * 1e3, h), padding_mask=valid, training=training
+                )
+                self.assertEqual(
+                    keras.backend.standardize_dtype(h2.dtype),
+                    block.compute_dtype,
+                )
+                for t in (g2, h2, z):
+                    values = ops.convert_to_numpy(ops.cast(t, "float32"))
+                    self.assertTrue(np.all(np.isfinite(values)))
+
+    def test_config_and_invalid_arguments(self):
+        block = TwoStreamBlock(8, 2, 16, num_controllers=2, temperature=0.5)
+        self.assert_config_covers_init_args(block)
+        with self.assertRaisesRegex(ValueError, "d_model"):
+            TwoStreamBlock(7, 2, 16)
+        with self.assertRaisesRegex(ValueError, "mode"):
+            TwoStreamBlock(8, 2, 16, mode="three")
+        with self.assertRaisesRegex(ValueError, "temperature"):
+            TwoStreamBlock(8, 2, 16, temperature=0)
+        with self.assertRaisesRegex(ValueError, "view"):
+            g, h, _ = streams()
+            block((g, h), view=2)

@@ -1,0 +1,73 @@
+import keras
+import numpy as np
+
+from keras_attnvariants.callbacks.temperature_schedule import gumbel_layers
+from keras_attnvariants.layers.two_stream_encoder import TwoStreamEncoder
+from keras_attnvariants.testing.test_case import TestCase
+
+TOKENS = np.array([[3, 4, 5, 6, 0], [1, 2, 3, 0, 0]], "int32")
+
+
+def classifier(encoder, views=1):
+    inputs = [keras.Input((5,), dtype="int32") for _ in range(views)]
+    head = keras.layers.Dense(5)
+    outputs = [head(encoder(x, view=v)[:, 0]) for v, x in enumerate(inputs)]
+    model = keras.Model(inputs, outputs if views > 1 else outputs[0])
+    model.compile("adam", "sparse_categorical_crossentropy", jit_compile=False)
+    return model
+
+
+class TwoStreamEncoderTest(TestCase):
+    def test_multiview_model_trains_and_round_trips(self):
+        encoder = TwoStreamEncoder(
+            10, 5, 1, d_model=8, num_heads=2, d_ff=16, num_views=2, seed=0
+        )
+        model = classifier(encoder, views=2)
+        labels = np.array([1, 2])
+        history = model.fit(
+            [TOKENS, TOKENS], [labels, labels], epochs=1, verbose=0
+        )
+        self.assertTrue(np.all(np.isfinite(history.history["loss"])))
+        self.assert_keras_save_load_parity(model, [TOKENS, TOKENS], atol=1e-5)
+
+    def test_separate_embeddings_and_config(self):
+        shared = TwoStreamEncoder(10, 5, 1, d_model=8, num_heads=2, d_ff=16)
+        separate = TwoStreamEncoder(
+            10, 5, 1, d_model=8, num_heads=2, d_ff=16, share_embeddings=False
+        )
+        shared(TOKENS)
+        separate(TOKENS)
+        self.assertEqual(
+            len(separate.trainable_weights), len(shared.trainable_weights) + 2
+        )
+        self.assert_config_covers_init_args(separate)
+
+    def test_receptive_field_loss_added_in_training_only(self):
+        encoder = TwoStreamEncoder(
+            10,
+            5,
+            2,
+            d_model=8,
+            num_heads=2,
+            d_ff=16,
+            mode="single_stream",
+            receptive_field_coefficient=0.1,
+        )
+        encoder(TOKENS, use_causal_mask=True)
+        self.assertEqual(len(encoder.losses), 0)
+        _, attentions = encoder(
+            TOKENS, use_causal_mask=True, training=True, return_attention=True
+        )
+        self.assertEqual(len(encoder.losses), 1)
+        loss = float(keras.ops.convert_to_numpy(encoder.losses[0]))
+        # Mean field size lies in [1, T] per position; times 0.1.
+        self.assertTrue(0.1 <= loss <= 0.5)
+        self.assertEqual(len(attentions), 2)
+        # The temperature schedule finds every block.
+        self.assertEqual(len(gumbel_layers(classifier(encoder))), 2)
+
+    def test_invalid_arguments(self):
+        with self.assertRaisesRegex(ValueError, "num_views"):
+            TwoStreamEncoder(10, 5, 1, num_views=2, mode="single_stream")
+        with self.assertRaisesRegex(ValueError, "receptive_field_reduction"):
+            TwoStreamEncoder(10, 5, 1, receptive_field_reduction="max")

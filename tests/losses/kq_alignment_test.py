@@ -1,0 +1,247 @@
+import keras
+import numpy as np
+from absl.testing import parameterized
+from keras import ops
+
+from keras_attnvariants.layers.hybrid_attention import HybridAttention
+from keras_attnvariants.losses.kq_alignment import KQAlignment
+from keras_attnvariants.losses.kq_alignment import kq_projections
+from keras_attnvariants.testing.test_case import TestCase
+
+METHODS = ("gan", "ot", "ct", "mmd")
+
+
+def projected(seed=0, shift=0.0):
+    """Queries (2, 6, 3, 4), keys (2, 7, 3, 4) and padding masks."""
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(2, 6, 3, 4)).astype("float32")
+    k = (rng.normal(size=(2, 7, 3, 4)) + shift).astype("float32")
+    q_mask = np.arange(6)[None] < np.array([6, 4])[:, None]
+    k_mask = np.arange(7)[None] < np.array([7, 3])[:, None]
+    return q, k, q_mask, k_mask
+
+
+def numpy_mmd(x, y):
+    def k(a, b):
+        return np.exp(-((a[:, None] - b[None]) ** 2).sum(-1) / 2).mean()
+
+    return k(x, x) + k(y, y) - 2 * k(x, y)
+
+
+def tf_grads(term, q, k, q_mask, k_mask):
+    import tensorflow as tf
+
+    q_var, k_var = tf.Variable(q), tf.Variable(k)
+    with tf.GradientTape() as tape:
+        loss = term(q_var, k_var, q_mask, k_mask)
+    weights = term.trainable_variables
+    grads = tape.gradient(loss, [q_var, k_var] + weights)
+    return grads[:2], weights, grads[2:]
+
+
+class KQAlignmentTest(TestCase):
+    def test_config_covers_init_args_and_round_trips(self):
+        term = KQAlignment(
+            method="ot", weight=0.5, epsilon=0.05, iterations=7, name="kq"
+        )
+        self.assert_config_covers_init_args(term)
+        clone = KQAlignment.from_config(term.get_config())
+        self.assertEqual(clone.get_config(), term.get_config())
+
+    def test_mmd_matches_numpy_per_example_and_head(self):
+        q, k, q_mask, k_mask = projected(1, shift=0.5)
+        got = KQAlignment(method="mmd", weight=2.0)(q, k, q_mask, k_mask)
+        want = np.mean(
+            [
+                numpy_mmd(q[b, q_mask[b], n], k[b, k_mask[b], n])
+                for b in range(2)
+                for n in range(3)
+            ]
+        )
+        self.assertAllClose(got, 2.0 * want, atol=1e-6)
+
+    @parameterized.parameters("ot", "mmd")
+    def test_near_zero_for_identical_and_grows_with_separation(self, method):
+        q, _, _, _ = projected(2)
+        term = KQAlignment(method=method, weight=1.0)
+        values = [float(term(q, q + shift)) for shift in (0.0, 0.5, 2.0)]
+        # Identical clouds: MMD is 0; entropic OT keeps a small bias.
+        self.assertLess(values[0], 0.01 * values[1])
+        self.assertTrue(np.all(np.diff(values) > 0), values)
+
+    @parameterized.parameters(*METHODS)
+    def test_padded_tokens_have_no_influence(self, method):
+        q, k, q_mask, k_mask = projected(3)
+        term = KQAlignment(method=method, weight=1.0)
+        base = term(q, k, q_mask, k_mask)
+        q2 = np.where(q_mask[:, :, None, None], q, 50.0).astype("float32")
+        k2 = np.where(k_mask[:, :, None, None], k, -50.0).astype("float32")
+        self.assertAllClose(term(q2, k2, q_mask, k_mask), base, atol=1e-6)
+        # Same as dropping the padding of the second example.
+        one = term(q[1:, :4], k[1:, :3])
+        full = term(q[:1], k[:1])
+        self.assertAllClose(base, (one + full) / 2, atol=1e-5)
+
+    @parameterized.parameters(*METHODS)
+    def test_finite_under_mixed_precision_with_padding(self, method):
+        q, k, q_mask, k_mask = projected(4)
+        q_mask[1] = False  # an example with no valid query
+        for policy in ("mixed_float16", "mixed_bfloat16"):
+            term = KQAlignment(method=method, weight=1.0, dtype=policy)
+            value = term(
+                ops.cast(q * 30, term.compute_dtype),
+                ops.cast(k * 30, term.compute_dtype),
+                q_mask,
+                k_mask,
+            )
+            self.assertEqual(
+                keras.backend.standardize_dtype(value.dtype), "float32"
+            )
+            self.assertTrue(np.isfinite(ops.convert_to_numpy(value)), policy)
+
+    @parameterized.parameters("gan", "ct")
+    def test_adversary_and_projections_get_opposing_gradients(self, method):
+        if keras.backend.backend() != "tensorflow":
+            self.skipTest("Uses tf.GradientTape.")
+        q, k, q_mask, k_mask = projected(5, shift=1.0)
+        term = KQAlignment(method=method, weight=1.0)
+        (g_q, g_k), weights, grads = tf_grads(term, q, k, q_mask, k_mask)
+        base = float(term(q, k, q_mask, k_mask))
+        lr = 1e-2
+        adversary = [
+            i for i, w in enumerate(weights) if "navigator" not in w.path
+        ]
+        # One SGD step on the minimized loss: the adversary's objective
+        # (the paper's L, which it maximizes) goes up ...
+        old = [w.numpy() for w in weights]
+        for i in adversary:
+            weights[i].assign(old[i] - lr * grads[i].numpy())
+        self.assertGreater(float(term(q, k, q_mask, k_mask)), base)
+        for w, value in zip(weights, old):
+            w.assign(value)
+        # ... while the same step on the projections brings it down.
+        q_new = q - lr * g_q.numpy()
+        k_new = k - lr * g_k.numpy()
+        self.assertLess(float(term(q_new, k_new, q_mask, k_mask)), base)
+        if method == "ct":
+            # The navigator minimizes the transport cost too.
+            for i, w in enumerate(weights):
+                if "navigator" in w.path:
+                    w.assign(old[i] - lr * grads[i].numpy())
+            self.assertLess(float(term(q, k, q_mask, k_mask)), base)
+
+    def test_adversary_per_head_has_one_kernel_per_head(self):
+        q, k, _, _ = projected(6)
+        term = KQAlignment(method="gan", adversary_per_head=True)
+        term(q, k)
+        kernel = [w for w in term.weights if "gate/kernel" in w.path][0]
+        self.assertEqual(tuple(kernel.shape), (3, 4, 4))
+
+    def test_match_over_heads_pairs_token_positions(self):
+        q, _, q_mask, _ = projected(7)
+        k = np.random.default_rng(8).normal(size=q.shape).astype("float32")
+        got = KQAlignment(method="mmd", weight=1.0, match_over="heads")(
+            q, k, q_mask, q_mask
+        )
+        want = np.mean(
+            [
+                numpy_mmd(q[b, t], k[b, t])
+                for b in range(2)
+                for t in range(6)
+                if q_mask[b, t]
+            ]
+        )
+        self.assertAllClose(got, want, atol=1e-6)
+
+    @parameterized.named_parameters(
+        ("method", {"method": "wgan"}, "method"),
+        ("weight_negative", {"weight": -0.1}, "weight"),
+        ("weight_string", {"weight": "0.01"}, "weight"),
+        ("rho", {"rho": 1.5}, "rho"),
+        ("epsilon", {"epsilon": 0}, "epsilon"),
+        ("match_over", {"match_over": "layers"}, "match_over"),
+        (
+            "per_head_over_heads",
+            {"adversary_per_head": True, "match_over": "heads"},
+            "adversary_per_head",
+        ),
+    )
+    def test_invalid_arguments(self, kwargs, name):
+        with self.assertRaisesRegex(ValueError, name):
+            KQAlignment(**kwargs)
+
+    @parameterized.parameters("ct", "gan", "ot")
+    def test_attached_term_is_its_own_fit_metric(self, method):
+        x = np.random.default_rng(9).normal(size=(2, 5, 8)).astype("float32")
+        inputs = keras.Input((5, 8))
+        term = KQAlignment(method=method, name=f"align_{method}")
+        layer = HybridAttention(
+            num_heads=2,
+            key_dim=4,
+            hybrid_init=0.0,
+            attention_losses=[term],
+        )
+        model = keras.Model(inputs, layer(inputs, inputs))
+        model.compile("adam", "mse")
+        history = model.fit(x, np.zeros_like(x), epochs=2, verbose=0)
+        values = history.history[f"align_{method}"]
+        self.assertTrue(np.all(np.isfinite(values)), values)
+        self.assertEqual(len(term.trainable_weights) > 0, method != "ot")
+        # It round trips inside the attention layer's config.
+        clone = HybridAttention.from_config(layer.get_config())
+        self.assertEqual(clone.attention_losses[0].method, method)
+
+    def test_plain_multi_head_attention_through_kq_projections(self):
+        class Model(keras.Model):
+            def __init__(self):
+                super().__init__()
+                self.mha = keras.layers.MultiHeadAttention(2, 4)
+                self.alignment = KQAlignment(method="mmd", weight=1.0)
+
+            def call(self, x, training=None):
+                if training:
+                    self.alignment(*kq_projections(self.mha, x))
+                return self.mha(x, x)
+
+        x = np.random.default_rng(10).normal(size=(2, 5, 8)).astype("float32")
+        model = Model()
+        model.compile("adam", "mse")
+        history = model.fit(x, np.zeros_like(x), epochs=2, verbose=0)
+        self.assertIn("kq_alignment", history.history)
+        q, k = (ops.convert_to_numpy(t) for t in kq_projections(model.mha, x))
+        want = np.mean(
+            [
+                numpy_mmd(q[b, :, n], k[b, :, n])
+                for b in range(2)
+                for n in range(2)
+            ]
+        )
+        self.assertAllClose(model.alignment(q, k), want, atol=1e-6)
+
+
+class KeyQueryMMDDiagnosticTest(TestCase):
+    def test_per_layer_head_mmd_matches_direct_computation(self):
+        from keras_attnvariants.losses.kq_diagnostics import key_query_mmd
+
+        rng = np.random.default_rng(11)
+        x = rng.normal(size=(4, 5, 8)).astype("float32")
+        valid = np.arange(5)[None] < np.array([5, 3, 5, 4])[:, None]
+        inputs = keras.Input((5, 8))
+        mask_in = keras.Input((5,), dtype="bool")
+        layer = HybridAttention(2, 4, hybrid_init=0.0, name="att")
+        out = layer(inputs, inputs, attention_mask=mask_in[:, None, :])
+        model = keras.Model([inputs, mask_in], out)
+        data = [((x[:2], valid[:2]), None), ((x[2:], valid[2:]), None)]
+        got = key_query_mmd(model, data)
+        q, k = (ops.convert_to_numpy(t) for t in kq_projections(layer, x))
+        want = np.mean(
+            [
+                [numpy_mmd(q[b, :, n], k[b, valid[b], n]) for n in range(2)]
+                for b in range(4)
+            ],
+            axis=0,
+        )
+        self.assertAllClose(got["per_head"]["att"], want, atol=1e-5)
+        self.assertAllClose(got["total"], want.sum(), atol=1e-5)
+        # The recording wrappers are gone.
+        self.assertNotIn("_compute_attention", vars(layer))

@@ -1,0 +1,104 @@
+import numpy as np
+from keras import ops
+
+from keras_attnvariants.ops import gumbel
+from keras_attnvariants.testing.test_case import TestCase
+
+
+def np_relaxed(scores, noise, temperature, mask):
+    """Reference written from the formula, float64, probabilities."""
+    s = np.asarray(scores, np.float64)
+    mask = np.broadcast_to(mask, s.shape)
+    p = np.where(mask, np.exp(s - s.max(-1, keepdims=True)), 0.0)
+    p = p / np.maximum(p.sum(-1, keepdims=True), 1e-300)
+    logp = np.log(np.where(mask, p, 1.0))
+    z = np.where(mask, np.exp((logp + noise) / temperature), 0.0)
+    row = z.sum(-1, keepdims=True)
+    return np.where(row > 0, z / np.where(row > 0, row, 1), 0.0)
+
+
+def inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    scores = rng.normal(size=(2, 3, 5, 7)).astype("float32")
+    mask = rng.random((2, 1, 5, 7)) > 0.3
+    mask[0, 0, 1] = False  # a fully masked row
+    mask[:, :, 0, 0] = True
+    return scores, mask
+
+
+class GumbelOpsTest(TestCase):
+    def test_gumbel_from_uniform_matches_formula_and_stays_finite(self):
+        u = np.array([0.0, 1e-30, 0.25, 0.5, 0.999, 1.0], "float32")
+        g = ops.convert_to_numpy(gumbel.gumbel_from_uniform(u))
+        self.assertTrue(np.all(np.isfinite(g)))
+        self.assertAllClose(g[2:5], -np.log(-np.log(u[2:5])), atol=1e-5)
+
+    def test_gumbel_noise_is_seeded_with_gumbel_moments(self):
+        a = gumbel.gumbel_noise((20000,), seed=3)
+        b = gumbel.gumbel_noise((20000,), seed=3)
+        self.assertAllClose(a, b, atol=0)
+        a = ops.convert_to_numpy(a)
+        # Standard Gumbel: mean = Euler-Mascheroni, variance = pi^2 / 6.
+        self.assertAllClose(a.mean(), 0.5772, atol=0.05)
+        self.assertAllClose(a.var(), np.pi**2 / 6, atol=0.1)
+
+    def test_relaxed_sample_matches_numpy_reference(self):
+        scores, mask = inputs()
+        noise = np.random.default_rng(1).gumbel(size=scores.shape)
+        for temperature in (0.5, 1.0, 3.0):
+            got = gumbel.relaxed_sample(
+                scores, noise.astype("float32"), temperature, mask
+            )
+            want = np_relaxed(scores, noise, temperature, mask)
+            self.assertAllClose(got, want, atol=1e-5)
+
+    def test_zero_noise_unit_temperature_is_softmax(self):
+        scores, mask = inputs(2)
+        got = gumbel.relaxed_sample(scores, 0.0, 1.0, mask)
+        want = np_relaxed(scores, 0.0, 1.0, mask)
+        self.assertAllClose(got, want, atol=1e-6)
+
+    def test_one_hot_argmax_never_selects_masked_keys(self):
+        scores, mask = inputs(3)
+        scores = np.where(mask, scores, 1e6).astype("float32")
+        hard = ops.convert_to_numpy(gumbel.one_hot_argmax(scores, mask))
+        full = np.broadcast_to(mask, hard.shape)
+        self.assertTrue(np.all(hard[~full] == 0))
+        self.assertAllClose(hard.sum(-1), full.any(-1).astype("float32"))
+        filled = np.where(full, scores, -np.inf)
+        want = np.argmax(filled, -1)
+        got = np.argmax(hard, -1)
+        rows = full.any(-1)
+        self.assertAllEqual(got[rows], want[rows])
+
+    def test_straight_through_forward_is_exactly_one_hot(self):
+        scores, mask = inputs(4)
+        soft = gumbel.relaxed_sample(scores, 0.0, 1.0, mask)
+        hard = ops.convert_to_numpy(gumbel.straight_through(soft, mask))
+        self.assertTrue(set(np.unique(hard)) <= {0.0, 1.0})
+        self.assertAllEqual(
+            np.argmax(hard, -1), np.argmax(ops.convert_to_numpy(soft), -1)
+        )
+
+    def test_extreme_and_non_finite_scores_stay_finite(self):
+        scores = np.array([[[1e30, -1e30, np.inf, -np.inf]]], "float32")
+        mask = np.array([[[True, True, False, True]]])
+        out = gumbel.relaxed_sample(scores, 0.0, 1.0, mask)
+        self.assertTrue(np.all(np.isfinite(ops.convert_to_numpy(out))))
+        self.assertAllClose(out, [[[1.0, 0.0, 0.0, 0.0]]])
+
+    def test_gather_values_equals_one_hot_weighted_sum(self):
+        rng = np.random.default_rng(5)
+        value = rng.normal(size=(2, 7, 3, 4)).astype("float32")
+        idx = rng.integers(0, 7, size=(2, 3, 5)).astype("int32")
+        row_valid = rng.random((2, 3, 5)) > 0.2
+        got = gumbel.gather_values(value, idx, row_valid)
+        one_hot = np.eye(7)[idx] * row_valid[..., None]
+        want = np.einsum("bnts,bsnh->btnh", one_hot, value)
+        self.assertAllClose(got, want, atol=1e-6)
+
+    def test_invalid_temperature_raises(self):
+        scores, mask = inputs()
+        for bad in (0.0, -2.0):
+            with self.assertRaisesRegex(ValueError, "temperature"):
+                gumbel.relaxed_sample(scores, 0.0, bad, mask)

@@ -1,0 +1,198 @@
+import numpy as np
+from absl.testing import parameterized
+from keras import ops
+from scipy.optimize import linear_sum_assignment
+from scipy.special import logsumexp
+
+from keras_attnvariants.ops import transport
+from keras_attnvariants.testing.test_case import TestCase
+
+
+def clouds(seed, n, m, dim=4, shift=0.0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, dim)).astype("float32")
+    y = (rng.normal(size=(m, dim)) + shift).astype("float32")
+    return x, y
+
+
+def numpy_mmd(x, y, bandwidth=1.0):
+    def k(a, b):
+        d = ((a[:, None] - b[None]) ** 2).sum(-1)
+        return np.exp(-d / (2 * bandwidth**2)).mean()
+
+    return k(x, x) + k(y, y) - 2 * k(x, y)
+
+
+def numpy_sinkhorn(cost, epsilon, iterations):
+    n, m = cost.shape
+    kernel = -cost / cost.max() / epsilon
+    u, v = np.zeros(n), np.zeros(m)
+    for _ in range(iterations):
+        u = -np.log(n) - logsumexp(kernel + v[None], axis=1)
+        v = -np.log(m) - logsumexp(kernel + u[:, None], axis=0)
+    return np.exp(kernel + u[:, None] + v[None])
+
+
+class SinkhornTest(TestCase):
+    @parameterized.parameters((30, 30, 0), (24, 40, 1), (48, 36, 2))
+    def test_marginals_within_1e3_after_default_iterations(self, n, m, seed):
+        x, y = clouds(seed, n, m, shift=0.5 * seed)
+        cost = transport.squared_euclidean_cost(x, y)
+        plan = ops.convert_to_numpy(transport.sinkhorn_plan(cost))
+        self.assertLessEqual(np.abs(plan.sum(1) - 1 / n).max(), 1e-3)
+        self.assertLessEqual(np.abs(plan.sum(0) - 1 / m).max(), 1e-3)
+        self.assertAllClose(plan.sum(), 1.0, atol=1e-3)
+
+    def test_matches_numpy_log_domain_sinkhorn(self):
+        x, y = clouds(3, 7, 5)
+        cost = ops.convert_to_numpy(transport.squared_euclidean_cost(x, y))
+        plan = transport.sinkhorn_plan(cost, epsilon=0.05, iterations=20)
+        self.assertAllClose(plan, numpy_sinkhorn(cost, 0.05, 20), atol=1e-6)
+
+    @parameterized.parameters(0, 1, 2, 3)
+    def test_cost_close_to_exact_assignment(self, seed):
+        # Entropic bias bound: with P* the optimal permutation plan (entropy
+        # log n), <C, P_eps> - eps' H(P_eps) <= <C, P*> - eps' log n, so
+        # 0 <= <C, P_eps> - OT <= eps' (H(P_eps) - log n) <= eps' log n,
+        # where eps' = epsilon * max(C) (normalized cost). The lower side
+        # allows for the residual marginal error (<= 1e-3 * max(C)).
+        n = 20
+        x, y = clouds(seed, n, n, shift=0.3 * seed)
+        cost = ops.convert_to_numpy(transport.squared_euclidean_cost(x, y))
+        rows, cols = linear_sum_assignment(cost)
+        exact = cost[rows, cols].mean()
+        got = float(transport.sinkhorn_cost(cost))
+        scale = cost.max()
+        self.assertGreaterEqual(got, exact - 1e-3 * scale)
+        self.assertLessEqual(got, exact + 0.01 * scale * np.log(n))
+        # In practice the gap is a few percent.
+        self.assertLess((got - exact) / exact, 0.1)
+
+    def test_masked_rows_and_columns_get_no_mass(self):
+        x, y = clouds(4, 6, 5)
+        cost = transport.squared_euclidean_cost(x, y)
+        row_mask = np.array([1, 1, 0, 1, 1, 0], bool)
+        col_mask = np.array([1, 0, 1, 1, 1], bool)
+        plan = ops.convert_to_numpy(
+            transport.sinkhorn_plan(cost, row_mask=row_mask, col_mask=col_mask)
+        )
+        self.assertTrue(np.all(plan[~row_mask] == 0.0))
+        self.assertTrue(np.all(plan[:, ~col_mask] == 0.0))
+        want = transport.sinkhorn_plan(
+            ops.convert_to_numpy(cost)[row_mask][:, col_mask]
+        )
+        self.assertAllClose(plan[row_mask][:, col_mask], want, atol=1e-6)
+
+    def test_fully_masked_and_zero_cost_are_finite(self):
+        cost = np.zeros((2, 4, 3), "float32")
+        plan = transport.sinkhorn_plan(
+            cost, row_mask=np.array([[1, 1, 0, 0], [0, 0, 0, 0]], bool)
+        )
+        plan = ops.convert_to_numpy(plan)
+        self.assertTrue(np.all(np.isfinite(plan)))
+        self.assertAllClose(plan[0].sum(), 1.0, atol=1e-6)
+        self.assertAllClose(plan[1], np.zeros((4, 3)))
+
+    def test_ot_near_zero_for_identical_and_grows_with_separation(self):
+        x, _ = clouds(5, 12, 1)
+        costs = []
+        for shift in (0.0, 0.5, 1.0, 2.0):
+            cost = transport.squared_euclidean_cost(x, x + shift)
+            costs.append(float(transport.sinkhorn_cost(cost)))
+        # Identical clouds: tiny against the mean pairwise cost.
+        self.assertLess(
+            costs[0], 1e-3 * float(np.mean(ops.convert_to_numpy(cost)))
+        )
+        self.assertTrue(np.all(np.diff(costs) > 0), costs)
+
+    @parameterized.named_parameters(
+        ("epsilon", {"epsilon": 0.0}, "epsilon"),
+        ("iterations", {"iterations": 0}, "iterations"),
+        ("iterations_float", {"iterations": 2.5}, "iterations"),
+    )
+    def test_invalid_arguments(self, kwargs, name):
+        with self.assertRaisesRegex(ValueError, name):
+            transport.sinkhorn_plan(np.zeros((2, 2), "float32"), **kwargs)
+
+
+class ConditionalTransportTest(TestCase):
+    def test_plans_match_numpy_and_are_conditionals(self):
+        rng = np.random.default_rng(0)
+        logits = rng.normal(size=(3, 5, 7)).astype("float32")
+        row_mask = np.arange(5)[None] < np.array([5, 3, 1])[:, None]
+        col_mask = np.arange(7)[None] < np.array([7, 2, 4])[:, None]
+        forward, backward = transport.conditional_transport_plans(
+            logits, row_mask, col_mask
+        )
+        forward = ops.convert_to_numpy(forward)
+        backward = ops.convert_to_numpy(backward)
+        for b in range(3):
+            sub = logits[b][row_mask[b]][:, col_mask[b]]
+            f = np.exp(sub - logsumexp(sub, axis=1, keepdims=True))
+            g = np.exp(sub - logsumexp(sub, axis=0, keepdims=True))
+            self.assertAllClose(forward[b][row_mask[b]][:, col_mask[b]], f)
+            self.assertAllClose(backward[b][row_mask[b]][:, col_mask[b]], g)
+        valid = row_mask[:, :, None] & col_mask[:, None, :]
+        self.assertTrue(np.all(forward[~valid] == 0.0))
+        self.assertTrue(np.all(backward[~valid] == 0.0))
+
+    def test_cost_matches_numpy(self):
+        rng = np.random.default_rng(1)
+        cost = rng.uniform(size=(4, 6)).astype("float32")
+        logits = rng.normal(size=(4, 6)).astype("float32")
+        f = np.exp(logits - logsumexp(logits, axis=1, keepdims=True))
+        g = np.exp(logits - logsumexp(logits, axis=0, keepdims=True))
+        want = 0.3 * (f * cost).sum(1).mean() + 0.7 * (g * cost).sum(0).mean()
+        got = transport.conditional_transport_cost(cost, logits, rho=0.3)
+        self.assertAllClose(got, want, atol=1e-6)
+
+    def test_cosine_cost_range(self):
+        x, y = clouds(2, 4, 5)
+        cost = ops.convert_to_numpy(transport.cosine_cost(x, y))
+        xn = x / np.linalg.norm(x, axis=-1, keepdims=True)
+        yn = y / np.linalg.norm(y, axis=-1, keepdims=True)
+        self.assertAllClose(cost, 1 - xn @ yn.T, atol=1e-6)
+
+    def test_invalid_rho(self):
+        with self.assertRaisesRegex(ValueError, "rho"):
+            transport.conditional_transport_cost(
+                np.zeros((2, 2)), np.zeros((2, 2)), rho=1.5
+            )
+
+
+class GaussianMMDTest(TestCase):
+    @parameterized.parameters(1.0, 2.5)
+    def test_matches_numpy(self, bandwidth):
+        x, y = clouds(0, 5, 7, shift=0.7)
+        got = transport.gaussian_mmd(x, y, bandwidth=bandwidth)
+        self.assertAllClose(got, numpy_mmd(x, y, bandwidth), atol=1e-6)
+
+    def test_zero_for_identical_and_grows_with_separation(self):
+        x, _ = clouds(1, 8, 1)
+        values = [
+            float(transport.gaussian_mmd(x, x + shift))
+            for shift in (0.0, 0.3, 1.0, 3.0)
+        ]
+        self.assertLess(abs(values[0]), 1e-6)
+        self.assertTrue(np.all(np.diff(values) > 0), values)
+
+    def test_masked_points_have_no_influence(self):
+        x, y = clouds(2, 6, 5)
+        x_mask = np.array([1, 1, 1, 0, 1, 0], bool)
+        y_mask = np.array([1, 0, 1, 1, 1], bool)
+        got = transport.gaussian_mmd(x, y, x_mask, y_mask)
+        self.assertAllClose(got, numpy_mmd(x[x_mask], y[y_mask]), atol=1e-6)
+        x2 = np.where(x_mask[:, None], x, 1e3).astype("float32")
+        again = transport.gaussian_mmd(x2, y, x_mask, y_mask)
+        self.assertAllClose(again, got, atol=1e-7)
+
+    def test_empty_cloud_gives_zero(self):
+        x, y = clouds(3, 4, 4)
+        got = transport.gaussian_mmd(x, y, x_mask=np.zeros(4, bool))
+        self.assertAllClose(got, 0.0)
+
+    def test_invalid_bandwidth(self):
+        with self.assertRaisesRegex(ValueError, "bandwidth"):
+            transport.gaussian_mmd(
+                np.zeros((2, 2)), np.zeros((2, 2)), None, None, -1.0
+            )
