@@ -47,3 +47,33 @@ def random_bert(vocabulary_size, sequence_length, seed=0):
         intermediate_dim=64,
         max_sequence_length=sequence_length,
     )
+
+
+def first_layers(backbone, num_layers):
+    """A copy of `backbone` that keeps only its first `num_layers` blocks.
+
+    The copy has the same class and configuration except `num_layers`;
+    its embeddings, first blocks and pooler hold the original's weights,
+    copied by variable path. A quick way to make a pretrained encoder
+    cheap for smoke runs.
+
+    Args:
+        backbone: a keras-hub backbone whose config has `num_layers`
+            (`BertBackbone`, `RobertaBackbone`, ...).
+        num_layers: int, `1 <= num_layers <= backbone.num_layers`.
+
+    Returns:
+        The truncated backbone.
+    """
+    if not 1 <= num_layers <= backbone.num_layers:
+        raise ValueError(
+            "`num_layers` must be an int in [1, backbone.num_layers="
+            f"{backbone.num_layers}]. Received: num_layers={num_layers}"
+        )
+    config = backbone.get_config()
+    config["num_layers"] = num_layers
+    truncated = type(backbone).from_config(config)
+    source = {variable.path: variable for variable in backbone.weights}
+    for variable in truncated.weights:
+        variable.assign(source[variable.path])
+    return truncated
