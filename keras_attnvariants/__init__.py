@@ -21,6 +21,9 @@ from keras_attnvariants.layers import HybridAttention as HybridAttention
 from keras_attnvariants.layers import TwoStreamBlock as TwoStreamBlock
 from keras_attnvariants.layers import TwoStreamEncoder as TwoStreamEncoder
 from keras_attnvariants.layers import VariantAttention as VariantAttention
+from keras_attnvariants.losses import (
+    AttentionGuidanceRegularizer as AttentionGuidanceRegularizer,
+)
 from keras_attnvariants.losses import AttentionLoss as AttentionLoss
 from keras_attnvariants.losses import KQAlignment as KQAlignment
 from keras_attnvariants.version import __version__ as __version__

@@ -1,11 +1,10 @@
 """Reading the attention weights of a (converted) keras-hub backbone."""
 
-import inspect
-
 import numpy as np
 from keras import ops
 
 from keras_attnvariants.backbones.conversion import self_attention_layers
+from keras_attnvariants.layers.recording import record_attention
 
 
 def attention_weights(backbone, inputs, training=False):
@@ -34,30 +33,12 @@ def attention_weights(backbone, inputs, training=False):
     >>> weights[0].shape  # (batch, heads, queries, keys)  # doctest: +SKIP
     """
     layers = self_attention_layers(backbone)
-    records = []
-    for layer in layers:
-        layer._compute_attention = _recording(layer, records)
-    try:
+    with record_attention(layers, with_weights=True) as calls:
         backbone(inputs, training=training)
-    finally:
-        for layer in layers:
-            del layer._compute_attention
-    return [ops.convert_to_numpy(ops.cast(w, "float32")) for w in records]
-
-
-def _recording(layer, records):
-    """`layer._compute_attention`, forced to return and record its weights."""
-    compute = layer._compute_attention
-    signature = inspect.signature(compute)
-
-    def compute_and_record(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.arguments["return_attention_scores"] = True
-        output, weights = compute(*bound.args, **bound.kwargs)
-        records.append(weights)
-        return output, weights
-
-    return compute_and_record
+    return [
+        ops.convert_to_numpy(ops.cast(call.weights, "float32"))
+        for call in calls
+    ]
 
 
 def hybrid_weights(backbone):

@@ -20,6 +20,7 @@ from keras_attnvariants.ops.masking import causal_mask
 from keras_attnvariants.ops.normalization import masked_softmax
 
 MODES = ("two_stream", "single_stream")
+MODEL_ATTENTIONS = ("discrete", "soft")
 
 
 def _positive_int(name, value):
@@ -50,7 +51,10 @@ class TwoStreamBlock(keras.layers.Layer):
     share the model stream; `view` picks the controller. With
     `mode="single_stream"` there is one stream with Q, K, V updated by the
     discrete sample of its own attention (single-stream discrete
-    transformer).
+    transformer). With `model_attention="soft"` the model stream reads the
+    controller's soft attention `A` instead of a discrete sample (the
+    "two-stream transformer with soft attention" of the thesis's multiview
+    arithmetic experiment, section 5.3, footnote 3).
 
     Args:
         d_model: int. Width of both streams.
@@ -60,6 +64,8 @@ class TwoStreamBlock(keras.layers.Layer):
             Defaults to `1`.
         mode: `"two_stream"` or `"single_stream"`. Defaults to
             `"two_stream"`.
+        model_attention: `"discrete"` (Gumbel sample / argmax) or
+            `"soft"` (the softmax `A`). Defaults to `"discrete"`.
         temperature: float > 0. Gumbel-softmax temperature (a
             non-trainable variable; see `set_temperature`). Defaults to
             `1.0`.
@@ -78,8 +84,8 @@ class TwoStreamBlock(keras.layers.Layer):
 
     Returns:
         `((g, h), z)` in two-stream mode, `(h, z)` in single-stream mode;
-        `z` `(B, N, T, T)` float32 are the discrete weights used (relaxed
-        or one-hot).
+        `z` `(B, N, T, T)` float32 are the weights the model stream used
+        (relaxed or one-hot; the softmax with `model_attention="soft"`).
 
     Example:
 
@@ -106,6 +112,7 @@ class TwoStreamBlock(keras.layers.Layer):
         temperature=1.0,
         straight_through=False,
         seed=None,
+        model_attention="discrete",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -130,6 +137,11 @@ class TwoStreamBlock(keras.layers.Layer):
                 "`num_controllers` must be 1 in single_stream mode. "
                 f"Received: num_controllers={num_controllers}"
             )
+        if model_attention not in MODEL_ATTENTIONS:
+            raise ValueError(
+                f"`model_attention` must be one of {MODEL_ATTENTIONS}. "
+                f"Received: model_attention={model_attention!r}"
+            )
         check_temperature(temperature)
         self.d_model = d_model
         self.num_heads = num_heads
@@ -139,6 +151,7 @@ class TwoStreamBlock(keras.layers.Layer):
         self.initial_temperature = float(temperature)
         self.straight_through = bool(straight_through)
         self.seed = seed
+        self.model_attention = model_attention
         self.seed_generator = keras.random.SeedGenerator(seed)
         head = d_model // num_heads
         policy = self.dtype_policy
@@ -247,7 +260,9 @@ class TwoStreamBlock(keras.layers.Layer):
         return norm2(x + ff2(ff1(x)))
 
     def _sample(self, scores, mask, training):
-        """Discrete weights `(B, N, T, T)` float32 and argmax indices."""
+        """Weights `(B, N, T, T)` float32 and argmax indices (or `None`)."""
+        if self.model_attention == "soft":
+            return masked_softmax(scores, mask), None
         if training:
             noise = gumbel_from_uniform(
                 distributed_uniform(ops.shape(scores), self.seed_generator)
@@ -342,6 +357,7 @@ class TwoStreamBlock(keras.layers.Layer):
                 "temperature": self.initial_temperature,
                 "straight_through": self.straight_through,
                 "seed": self.seed,
+                "model_attention": self.model_attention,
             }
         )
         return config

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attnvariants.layers.two_stream_block import MODEL_ATTENTIONS
 from keras_attnvariants.layers.two_stream_block import MODES
 from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
 from keras_attnvariants.layers.two_stream_block import _positive_int
@@ -33,7 +34,7 @@ class TwoStreamEncoder(keras.layers.Layer):
         max_length: int. Longest sequence.
         num_layers: int. Number of blocks.
         d_model, num_heads, d_ff, mode, temperature, straight_through,
-            seed: as in `TwoStreamBlock`.
+            seed, model_attention: as in `TwoStreamBlock`.
         num_views: int >= 1. Controllers per block. Defaults to `1`.
         share_embeddings: bool. Controllers reuse the model stream's
             embeddings. Defaults to `True`.
@@ -78,6 +79,7 @@ class TwoStreamEncoder(keras.layers.Layer):
         receptive_field_coefficient=0.0,
         receptive_field_reduction="mean",
         seed=None,
+        model_attention="discrete",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -96,6 +98,11 @@ class TwoStreamEncoder(keras.layers.Layer):
             raise ValueError(
                 "`num_views` must be 1 in single_stream mode. "
                 f"Received: num_views={num_views}"
+            )
+        if model_attention not in MODEL_ATTENTIONS:
+            raise ValueError(
+                f"`model_attention` must be one of {MODEL_ATTENTIONS}. "
+                f"Received: model_attention={model_attention!r}"
             )
         if receptive_field_reduction not in REDUCTIONS:
             raise ValueError(
@@ -122,6 +129,7 @@ class TwoStreamEncoder(keras.layers.Layer):
         self.receptive_field_coefficient = float(receptive_field_coefficient)
         self.receptive_field_reduction = receptive_field_reduction
         self.seed = seed
+        self.model_attention = model_attention
         policy = self.dtype_policy
 
         def embeddings(prefix):
@@ -153,6 +161,7 @@ class TwoStreamEncoder(keras.layers.Layer):
                 temperature=temperature,
                 straight_through=straight_through,
                 seed=None if seed is None else seed + i,
+                model_attention=model_attention,
                 name=f"block{i}",
                 dtype=policy,
             )
@@ -254,6 +263,7 @@ class TwoStreamEncoder(keras.layers.Layer):
                 ),
                 "receptive_field_reduction": self.receptive_field_reduction,
                 "seed": self.seed,
+                "model_attention": self.model_attention,
             }
         )
         return config

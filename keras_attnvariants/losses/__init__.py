@@ -1,5 +1,17 @@
 """Loss terms computed from attention internals."""
 
+from keras_attnvariants.losses.attention_guidance import (
+    AttentionGuidanceRegularizer as AttentionGuidanceRegularizer,
+)
+from keras_attnvariants.losses.attention_guidance import (
+    default_head_patterns as default_head_patterns,
+)
+from keras_attnvariants.losses.attention_guidance import (
+    guidance_alpha as guidance_alpha,
+)
+from keras_attnvariants.losses.attention_guidance import (
+    guidance_attention_bias as guidance_attention_bias,
+)
 from keras_attnvariants.losses.attention_loss import (
     AttentionContext as AttentionContext,
 )

@@ -16,13 +16,16 @@ called with, and then calls the original. The wrappers are removed in a
 documents and our contract test pins its signature
 (`tests/layers/mha_contract_test.py`). Padding comes from the attention
 mask exactly as `AttentionContext` derives it: a query is real if it may
-attend some key, a key if some query may attend it.
+attend some key, a key if some query may attend it; in layers with
+`self_attention_padding=True` (converted keras-hub encoders, whose masks
+cover only padded keys) a query is real only if its position is a real key.
 """
 
 import numpy as np
 from keras import layers
 from keras import ops
 
+from keras_attnvariants.layers.recording import record_attention
 from keras_attnvariants.ops.transport import gaussian_mmd
 
 
@@ -40,14 +43,17 @@ def attention_layers(model):
     return list(dict.fromkeys(found))
 
 
-def _recorder(layer, records):
-    original = layer._compute_attention
-
-    def compute_attention(query, key, value, attention_mask=None, *a, **kw):
-        records.append((query, key, attention_mask))
-        return original(query, key, value, attention_mask, *a, **kw)
-
-    return compute_attention
+def layer_labels(targets):
+    """`{id(layer): label}`: the layer name, `name_<i>` when names repeat."""
+    names = [layer.name for layer in targets]
+    return {
+        id(layer): (
+            layer.name
+            if names.count(layer.name) == 1
+            else f"{layer.name}_{index}"
+        )
+        for index, layer in enumerate(targets)
+    }
 
 
 def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
@@ -61,30 +67,35 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
         max_batches: optional int, stop after this many batches.
 
     Returns:
-        dict: `{"per_head": {layer_name: array (N,)}, "total": float}`;
+        dict: `{"per_head": {layer_label: array (N,)}, "total": float}`
+        (label: the layer name, `name_<i>` for the i-th attention layer
+        when several share a name, as in keras-hub backbones);
         `per_head` is averaged over the examples that have a real token,
         `total` sums it over heads and layers (the paper's figure).
     """
     targets = attention_layers(model)
-    sums = {layer.name: 0.0 for layer in targets}
-    counts = {layer.name: 0.0 for layer in targets}
+    # keras-hub names every block's attention "self_attention_layer":
+    # key the results by a unique label so that layers are not merged.
+    labels = layer_labels(targets)
+    sums = {label: 0.0 for label in labels.values()}
+    counts = {label: 0.0 for label in labels.values()}
     for index, batch in enumerate(dataset):
         if max_batches is not None and index >= max_batches:
             break
         inputs = batch[0] if isinstance(batch, tuple) else batch
-        records = {layer.name: [] for layer in targets}
-        try:
-            for layer in targets:
-                layer._compute_attention = _recorder(layer, records[layer.name])
+        with record_attention(targets) as calls:
             model(inputs, training=False)
-        finally:
-            for layer in targets:
-                layer.__dict__.pop("_compute_attention", None)
-        for name, calls in records.items():
-            for query, key, mask in calls:
-                value, present = _per_head_mmd(query, key, mask, bandwidth)
-                sums[name] = sums[name] + value
-                counts[name] += present
+        for call in calls:
+            name = labels[id(call.layer)]
+            value, present = _per_head_mmd(
+                call.query,
+                call.key,
+                call.attention_mask,
+                bandwidth,
+                getattr(call.layer, "self_attention_padding", False),
+            )
+            sums[name] = sums[name] + value
+            counts[name] += present
     per_head = {
         name: np.asarray(sums[name]) / max(counts[name], 1.0) for name in sums
     }
@@ -92,8 +103,13 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
     return {"per_head": per_head, "total": total}
 
 
-def _per_head_mmd(query, key, mask, bandwidth):
-    """Sum over examples of the per-head MMD `(N,)`, and the example count."""
+def _per_head_mmd(query, key, mask, bandwidth, self_attention_padding=False):
+    """Sum over examples of the per-head MMD `(N,)`, and the example count.
+
+    With `self_attention_padding` (layers of this package that have it, as
+    in converted keras-hub encoders, whose masks cover only padded keys), a
+    query is real only if its own position is a real key, as in training.
+    """
     # clouds: (B, N, T, H) and (B, N, S, H)
     q = ops.transpose(ops.cast(query, "float32"), (0, 2, 1, 3))
     k = ops.transpose(ops.cast(key, "float32"), (0, 2, 1, 3))
@@ -110,6 +126,8 @@ def _per_head_mmd(query, key, mask, bandwidth):
         mask = ops.broadcast_to(mask, (batch, q_len, k_len))
         q_valid = ops.any(mask, axis=-1)
         k_valid = ops.any(mask, axis=-2)
+        if self_attention_padding and q_len == k_len:
+            q_valid = ops.logical_and(q_valid, k_valid)
     mmd = gaussian_mmd(
         q, k, q_valid[:, None, :], k_valid[:, None, :], bandwidth
     )

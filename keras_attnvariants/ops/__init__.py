@@ -25,6 +25,7 @@ from keras_attnvariants.ops.normalization import (
 from keras_attnvariants.ops.normalization import (
     masked_softmax as masked_softmax,
 )
+from keras_attnvariants.ops.patterns import guidance_pattern as guidance_pattern
 from keras_attnvariants.ops.receptive_field import (
     hard_receptive_fields as hard_receptive_fields,
 )

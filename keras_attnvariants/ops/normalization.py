@@ -41,8 +41,122 @@ def _softmax32(x, mask):
     return _apply_mask(ops.softmax(x, axis=-1), mask)
 
 
+def _softmax_parts(x):
+    """Row softmax of `x` and its row `logsumexp` `(..., T, 1)`."""
+    top = ops.max(x, axis=-1, keepdims=True)
+    e = ops.exp(x - top)
+    total = ops.sum(e, axis=-1, keepdims=True)
+    return e / total, top + ops.log(total)
+
+
+def _dnas_parts(x, mask):
+    """DNAS weights and `exp` of their row log normalizer.
+
+    `z = x - c` (column step), `A = softmax_j(z)`. The column-normalized
+    matrix `xi = exp(z)` is `A * exp(r)`, `r = logsumexp_j z <= log S`, so
+    the backward pass gets it with a multiply instead of another `exp`.
+    """
+    z = x - _column_log_normalizer(x, mask is not None)
+    weights, r = _softmax_parts(z)
+    return _apply_mask(weights, mask), ops.exp(r)
+
+
+def _softmax_grad(weights, upstream):
+    """`d softmax`: `A * (g - sum_j g A)`, row-wise."""
+    inner = ops.sum(upstream * weights, axis=-1, keepdims=True)
+    return weights * (upstream - inner)
+
+
+def _dnas_grad(dz, weights, row_scale):
+    """Gradient through the column step: `dz - xi * sum_i dz`.
+
+    `c_j = logsumexp_i x_ij` has `dc_j / dx_ij = xi_ij`, so
+    `dx = dz - xi * colsum(dz)` with `xi = weights * row_scale`.
+    """
+    return dz - weights * row_scale * ops.sum(dz, axis=-2, keepdims=True)
+
+
+def _reduce_to_shape(t, shape):
+    """Sums `t` over the axes that broadcasting expanded from `shape`."""
+    extra = len(t.shape) - len(shape)
+    if extra:
+        t = ops.sum(t, axis=tuple(range(extra)))
+    axes = tuple(
+        axis
+        for axis, size in enumerate(shape)
+        if size == 1 and t.shape[axis] != 1
+    )
+    if axes:
+        t = ops.sum(t, axis=axes, keepdims=True)
+    return ops.reshape(t, shape)
+
+
+def _doubly_normalize_once(x, mask):
+    """One-iteration DNAS with an analytic backward.
+
+    Autodiff of the log-space formula keeps the column `logsumexp`
+    intermediates and reruns both `exp`s; the analytic form needs only the
+    weights and a per-row scale, and two reductions over the scores.
+    """
+
+    @ops.custom_gradient
+    def dnas(x):
+        weights, row_scale = _dnas_parts(x, mask)
+
+        def grad(*args, upstream=None):
+            upstream = args[0] if upstream is None else upstream
+            dz = _softmax_grad(weights, upstream)
+            return _dnas_grad(dz, weights, row_scale)
+
+        return weights, grad
+
+    return dnas(x)
+
+
+def _hybrid_once(x, mix, mask):
+    """One-iteration HNAS, both normalizations in one analytic backward.
+
+    `W = U + u (D - U)`. With `g` the upstream gradient:
+    `dx = (1 - u) U (g - sum_j g U) + dD - xi colsum(dD)`, where
+    `dD = u D (g - sum_j g D)`, and
+    `du = sum (g D) - sum (g U)` summed to the shape of `u` (for a `u`
+    constant along keys; the general form is used otherwise).
+    """
+    mix_shape = tuple(mix.shape)
+    per_key = bool(mix_shape) and mix_shape[-1] != 1
+
+    @ops.custom_gradient
+    def hybrid(x, mix):
+        unas, _ = _softmax_parts(x)
+        unas = _apply_mask(unas, mask)
+        dnas, row_scale = _dnas_parts(x, mask)
+        weights = unas + mix * (dnas - unas)
+
+        def grad(*args, upstream=None):
+            g = args[0] if upstream is None else upstream
+            if per_key:
+                du = _softmax_grad(unas, (1.0 - mix) * g)
+                dz = _softmax_grad(dnas, mix * g)
+                dmix = g * (dnas - unas)
+            else:
+                # A mix constant along keys leaves the row sums shared.
+                g_unas = ops.sum(g * unas, axis=-1, keepdims=True)
+                g_dnas = ops.sum(g * dnas, axis=-1, keepdims=True)
+                du = (1.0 - mix) * unas * (g - g_unas)
+                dz = mix * dnas * (g - g_dnas)
+                dmix = g_dnas - g_unas
+            dx = du + _dnas_grad(dz, dnas, row_scale)
+            return dx, _reduce_to_shape(dmix, mix_shape)
+
+        return weights, grad
+
+    return hybrid(x, mix)
+
+
 def _doubly_normalize32(x, mask, iterations):
     masked = mask is not None
+    if iterations == 1:
+        return _doubly_normalize_once(x, mask)
     for step in range(iterations):
         # Column step: normalize each key over its valid queries.
         x = x - _column_log_normalizer(x, masked)
@@ -128,6 +242,8 @@ def hybrid_normalize(scores, mix, mask=None, iterations=1):
     _check_iterations(iterations)
     x, mask = _prepare(scores, mask)
     mix = ops.cast(mix, "float32")
+    if iterations == 1:
+        return ops.cast(_hybrid_once(x, mix, mask), scores.dtype)
     dnas = _doubly_normalize32(x, mask, iterations)
     unas = _softmax32(x, mask)
     weights = unas + mix * (dnas - unas)

@@ -36,6 +36,18 @@ LAYERS = {
     "gumbel_discrete_attention": lambda: kav.GumbelDiscreteAttention(
         2, 4, seed=3
     ),
+    "dnas_with_guidance": lambda: kav.DoublyNormalizedAttention(
+        2,
+        4,
+        attention_losses=[
+            kav.AttentionGuidanceRegularizer(
+                {0: "next", 1: "first"},
+                alpha=1.0,
+                decay_steps=8,
+                name="guidance",
+            )
+        ],
+    ),
     "hnas_with_kq_ct": lambda: kav.HybridAttention(
         2, 4, attention_losses=[kav.KQAlignment("ct", name="kq_ct")]
     ),

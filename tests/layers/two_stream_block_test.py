@@ -99,6 +99,42 @@ class TwoStreamBlockTest(TestCase):
         self.assertEqual(tuple(out.shape), (2, 5, 8))
         self.assertTrue(np.all(z[..., ~np.tril(np.ones((5, 5), bool))] == 0))
 
+    def test_soft_model_attention_reads_the_softmax_mixture(self):
+        g, h, valid = streams(5)
+        block = TwoStreamBlock(8, 2, 16, model_attention="soft", seed=0)
+        outputs = [
+            block((g, h), padding_mask=valid, training=t) for t in (True, False)
+        ]
+        # Soft attention is deterministic: training and inference agree.
+        self.assertAllClose(outputs[0][1], outputs[1][1], atol=1e-6)
+        (_, h_out), z = outputs[1]
+        # NumPy reference: A = masked softmax, h_i += O'(sum_j A_ij V' h_j).
+        c = block.controllers[0]
+        wq, bq = (np.asarray(w) for w in c["query"].weights)
+        wk, bk = (np.asarray(w) for w in c["key"].weights)
+        q = np.einsum("btd,dnh->btnh", g, wq) + bq
+        k = np.einsum("btd,dnh->btnh", g, wk) + bk
+        scores = np.einsum("btnh,bsnh->bnts", q, k) / 2.0
+        mask = (valid[:, :, None] & valid[:, None, :])[:, None]
+        scores = np.where(mask, scores, -1e9)
+        a = np.exp(scores - scores.max(-1, keepdims=True))
+        a = a / a.sum(-1, keepdims=True)
+        wv, bv = (np.asarray(w) for w in block.model_value.weights)
+        wo, bo = (np.asarray(w) for w in block.model_output.weights)
+        v = np.einsum("btd,dnh->btnh", h, wv) + bv
+        mixed = np.einsum("bnts,bsnh->btnh", a, v)
+        update = np.einsum("btnh,nhd->btd", mixed, wo) + bo
+        ff1, ff2, norm1, norm2 = block.model_ffn
+        x = np_layer_norm(h + update, norm1)
+        x = np_layer_norm(
+            x + np_dense(np.maximum(np_dense(x, ff1), 0), ff2), norm2
+        )
+        rows = np.broadcast_to(valid[:, None, :], a.shape[:3])
+        self.assertAllClose(ops.convert_to_numpy(z)[rows], a[rows], atol=1e-5)
+        self.assertAllClose(
+            ops.convert_to_numpy(h_out)[valid], x[valid], atol=1e-4
+        )
+
     def test_mixed_precision(self):
         g, h, valid = streams(4)
         for policy in ("mixed_float16", "mixed_bfloat16"):
@@ -126,6 +162,8 @@ class TwoStreamBlockTest(TestCase):
             TwoStreamBlock(8, 2, 16, mode="three")
         with self.assertRaisesRegex(ValueError, "temperature"):
             TwoStreamBlock(8, 2, 16, temperature=0)
+        with self.assertRaisesRegex(ValueError, "model_attention"):
+            TwoStreamBlock(8, 2, 16, model_attention="hard")
         with self.assertRaisesRegex(ValueError, "view"):
             g, h, _ = streams()
             block((g, h), view=2)

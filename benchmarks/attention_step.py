@@ -1,0 +1,234 @@
+"""Step time of DNAS / HNAS against `keras.layers.MultiHeadAttention`.
+
+TensorFlow backend, XLA (`jit_compile=True`). Every variant is built in the
+same process and measured alternately: each repeat times every variant once,
+in a shuffled order, so a change in machine load hits all of them alike. The
+table reports, per variant, the median over repeats of its time divided by
+the MultiHeadAttention time of the same repeat.
+
+- train: forward, backward and an SGD update of one self-attention layer
+  (`loss = mean(y^2)`), `training=True`, no dropout.
+- infer: forward only, `training=False`; DNAS and HNAS on the fused path
+  (`keras.ops.dot_product_attention` with the per-key bias) and on the
+  explicit path (materialized weights).
+
+Usage:
+
+    python benchmarks/attention_step.py --output docs/bench.md
+    python benchmarks/attention_step.py --quick   # CI: tiny sizes, < 30 s
+"""
+
+import argparse
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from keras_attnvariants.layers.doubly_normalized_attention import (  # noqa: E402
+    DoublyNormalizedAttention,
+)
+from keras_attnvariants.layers.hybrid_attention import HybridAttention  # noqa: E402
+
+REFERENCE = "keras MHA"
+
+
+def make_layer(kind, num_heads, key_dim, path):
+    """One attention layer of the given kind."""
+    if kind == "mha":
+        return keras.layers.MultiHeadAttention(num_heads, key_dim, seed=0)
+    cls = DoublyNormalizedAttention if kind == "dnas" else HybridAttention
+    return cls(num_heads, key_dim, attention_path=path, seed=0)
+
+
+def train_step_fn(layer):
+    """A compiled train step: forward, backward, SGD update."""
+    optimizer = keras.optimizers.SGD(1e-4)
+    variables = layer.trainable_variables
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        with tf.GradientTape() as tape:
+            y = layer(x, x, training=True)
+            loss = tf.reduce_mean(tf.square(y))
+        grads = tape.gradient(loss, variables)
+        optimizer.apply(grads, variables)
+        return loss
+
+    return step
+
+
+def infer_fn(layer):
+    """A compiled forward pass."""
+
+    @tf.function(jit_compile=True)
+    def forward(x):
+        return tf.reduce_sum(layer(x, x, training=False))
+
+    return forward
+
+
+def variants(mode):
+    """`(label, kind, attention_path)` of the variants of one mode."""
+    if mode == "train":
+        return [
+            (REFERENCE, "mha", None),
+            ("DNAS", "dnas", "explicit"),
+            ("HNAS", "hnas", "explicit"),
+        ]
+    return [
+        (REFERENCE, "mha", None),
+        ("DNAS fused", "dnas", "fused"),
+        ("DNAS explicit", "dnas", "explicit"),
+        ("HNAS fused", "hnas", "fused"),
+        ("HNAS explicit", "hnas", "explicit"),
+    ]
+
+
+def measure(mode, batch, length, dim, num_heads, repeats, steps):
+    """Median time per step (s) and median ratio to MHA, per variant."""
+    x = tf.constant(
+        np.random.default_rng(0).normal(size=(batch, length, dim)),
+        "float32",
+    )
+    fns = {}
+    for label, kind, path in variants(mode):
+        layer = make_layer(kind, num_heads, dim // num_heads, path)
+        layer(x, x)  # build
+        fn = train_step_fn(layer) if mode == "train" else infer_fn(layer)
+        fn(x).numpy()  # compile
+        fn(x).numpy()  # warm up
+        fns[label] = fn
+    times = {label: [] for label in fns}
+    ratios = {label: [] for label in fns}
+    order = list(fns)
+    for _ in range(repeats):
+        random.shuffle(order)
+        this_repeat = {}
+        for label in order:
+            fn = fns[label]
+            start = time.perf_counter()
+            for _ in range(steps):
+                out = fn(x)
+            out.numpy()
+            this_repeat[label] = (time.perf_counter() - start) / steps
+        for label, seconds in this_repeat.items():
+            times[label].append(seconds)
+            ratios[label].append(seconds / this_repeat[REFERENCE])
+    return {
+        label: (
+            statistics.median(times[label]),
+            statistics.median(ratios[label]),
+        )
+        for label in fns
+    }
+
+
+def markdown_table(mode, results):
+    """One Markdown table: rows = variants, columns = sequence lengths."""
+    lengths = sorted(results)
+    labels = list(results[lengths[0]])
+    header = "| " + mode + " | " + " | ".join(f"S={s}" for s in lengths)
+    lines = [header + " |", "|---" * (len(lengths) + 1) + "|"]
+    for label in labels:
+        cells = []
+        for s in lengths:
+            seconds, ratio = results[s][label]
+            if label == REFERENCE:
+                cells.append(f"{seconds * 1e3:.1f} ms")
+            else:
+                cells.append(f"{ratio:.2f}x ({seconds * 1e3:.1f} ms)")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes")
+    parser.add_argument("--output", help="also write the tables here")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", default=[128, 512, 1024]
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["train", "infer"],
+        choices=["train", "infer"],
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=15, help="alternating repeats"
+    )
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=0.3,
+        help="seconds of work per variant per repeat (sets the step count)",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batch, args.dim, args.heads = 2, 32, 2
+        args.lengths, args.repeats, args.min_time = [32], 5, 0.02
+    return args
+
+
+def steps_for(mode, batch, length, dim, heads, min_time):
+    """Steps per timing so each takes about `min_time` seconds."""
+    layer = make_layer("mha", heads, dim // heads, None)
+    x = tf.zeros((batch, length, dim))
+    layer(x, x)
+    fn = train_step_fn(layer) if mode == "train" else infer_fn(layer)
+    fn(x).numpy()
+    start = time.perf_counter()
+    fn(x).numpy()
+    once = time.perf_counter() - start
+    return max(1, int(min_time / max(once, 1e-6)))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    random.seed(0)
+    keras.utils.set_random_seed(0)
+    title = (
+        f"B={args.batch}, dim={args.dim}, heads={args.heads}, float32, "
+        f"TensorFlow {tf.__version__} XLA, keras {keras.__version__}, "
+        f"{os.cpu_count()} CPU ({platform.machine()}), "
+        f"{args.repeats} alternating repeats, median ratio to keras MHA"
+    )
+    sections = [title]
+    for mode in args.modes:
+        results = {}
+        for length in args.lengths:
+            steps = steps_for(
+                mode, args.batch, length, args.dim, args.heads, args.min_time
+            )
+            results[length] = measure(
+                mode,
+                args.batch,
+                length,
+                args.dim,
+                args.heads,
+                args.repeats,
+                steps,
+            )
+            print(f"[{mode} S={length}: {steps} steps/timing]", file=sys.stderr)
+        sections.append(markdown_table(mode, results))
+    text = "\n\n".join(sections) + "\n"
+    print(text)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

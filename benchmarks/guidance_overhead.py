@@ -1,0 +1,104 @@
+"""Train-step time with attention guidance vs without (goal <= 1.03x).
+
+Two identical softmax-attention encoders (this package's `VariantAttention`
+base, explicit path) train on the same batch; one carries a shared
+`AttentionGuidanceRegularizer` (paper default head map) on every layer.
+Timed blocks of compiled `train_on_batch` steps alternate between the two
+models; the ratio of the medians is reported.
+
+    python benchmarks/guidance_overhead.py [--quick]
+"""
+
+import argparse
+import time
+
+import keras
+import numpy as np
+
+from keras_attnvariants.layers.variant_attention import VariantAttention
+from keras_attnvariants.losses.attention_guidance import (
+    AttentionGuidanceRegularizer,
+)
+from keras_attnvariants.losses.attention_guidance import default_head_patterns
+from keras_attnvariants.ops.normalization import masked_softmax
+
+
+class SoftmaxAttention(VariantAttention):
+    def normalize(self, scores, mask):
+        return masked_softmax(scores, mask)
+
+
+def encoder(args, guided):
+    keras.utils.set_random_seed(0)
+    losses = []
+    if guided:
+        losses = [
+            AttentionGuidanceRegularizer(
+                default_head_patterns(args.heads), alpha=1.0, decay_steps=10**6
+            )
+        ]
+    x = inputs = keras.Input((args.length, args.hidden))
+    mask = keras.Input((args.length, args.length), dtype="bool")
+    for _ in range(args.layers):
+        attention = SoftmaxAttention(
+            args.heads,
+            args.hidden // args.heads,
+            attention_losses=losses,
+            attention_path="explicit",
+        )
+        x = keras.layers.LayerNormalization()(
+            x + attention(x, x, attention_mask=mask)
+        )
+        ffn = keras.layers.Dense(4 * args.hidden, activation="gelu")(x)
+        x = keras.layers.LayerNormalization()(
+            x + keras.layers.Dense(args.hidden)(ffn)
+        )
+    model = keras.Model([inputs, mask], x)
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    args = parser.parse_args()
+    repeats = args.repeats or (3 if args.quick else 15)
+    steps = args.steps or (3 if args.quick else 10)
+
+    rng = np.random.default_rng(0)
+    shape = (args.batch_size, args.length, args.hidden)
+    x = rng.normal(size=shape).astype("float32")
+    lengths = rng.integers(args.length // 2, args.length + 1, args.batch_size)
+    real = np.arange(args.length)[None] < lengths[:, None]
+    mask = real[:, :, None] & real[:, None, :]
+    y = np.zeros_like(x)
+    models = {"plain": encoder(args, False), "guided": encoder(args, True)}
+    for model in models.values():
+        for _ in range(3):  # trace, compile and warm up
+            model.train_on_batch([x, mask], y)
+    times = {name: [] for name in models}
+    for _ in range(repeats):
+        for name, model in models.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                model.train_on_batch([x, mask], y)
+            times[name].append((time.perf_counter() - start) / steps)
+    plain = float(np.median(times["plain"]))
+    guided = float(np.median(times["guided"]))
+    print(
+        f"backend {keras.backend.backend()}, {args.layers} layers, hidden "
+        f"{args.hidden}, {args.heads} heads, batch {args.batch_size} x "
+        f"{args.length}: plain {1e3 * plain:.1f} ms/step, guided "
+        f"{1e3 * guided:.1f} ms/step, ratio {guided / plain:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

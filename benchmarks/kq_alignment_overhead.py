@@ -1,0 +1,164 @@
+"""Train-step time with `KQAlignment` vs without (goals: GAN <= 1.10x,
+CT <= 1.15x, OT <= 1.5x; the paper measured 1.24x GAN and 1.44x CT).
+
+One small transformer classifier per method, all built in one process from
+the same seed: token embeddings, `--layers` blocks of softmax
+`HybridAttention(hybrid_init=0.0)` (exactly MHA, explicit path in every
+model so only the term differs) plus a GELU feed-forward, mean pooling and a
+softmax head. Each aligned model shares one `KQAlignment` instance across its
+layers (as `convert_backbone` attaches it). The batch has padding (lengths
+between half and full), so the masked paths are timed.
+
+Timing: compiled `train_on_batch` steps (TensorFlow, `jit_compile=True`),
+blocks of `--steps` steps per model, the order of the models shuffled in
+every repeat; the reported ratio is the median over repeats of
+`aligned / plain` from the same repeat, so machine load hits both alike.
+
+    python benchmarks/kq_alignment_overhead.py --quick     # CI, < 30 s
+    python benchmarks/kq_alignment_overhead.py             # full, minutes
+"""
+
+import argparse
+import os
+import platform
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from keras_attnvariants.layers.hybrid_attention import HybridAttention  # noqa: E402
+from keras_attnvariants.losses.kq_alignment import KQAlignment  # noqa: E402
+
+METHODS = ("gan", "ct", "ot", "mmd")
+GOALS = {"gan": 1.10, "ct": 1.15, "ot": 1.5}
+
+
+def classifier(args, method):
+    keras.utils.set_random_seed(0)
+    losses = [] if method is None else [KQAlignment(method=method)]
+    token_ids = keras.Input((args.length,), dtype="int32")
+    padding = keras.Input((args.length,), dtype="bool")
+    x = keras.layers.Embedding(args.vocabulary, args.hidden)(token_ids)
+    mask = padding[:, None, :]
+    for _ in range(args.layers):
+        attention = HybridAttention(
+            num_heads=args.heads,
+            key_dim=args.hidden // args.heads,
+            hybrid_init=0.0,
+            self_attention_padding=True,
+            attention_path="explicit",
+            attention_losses=losses,
+        )
+        x = keras.layers.LayerNormalization()(
+            x + attention(x, x, attention_mask=mask)
+        )
+        ffn = keras.layers.Dense(4 * args.hidden, activation="gelu")(x)
+        x = keras.layers.LayerNormalization()(
+            x + keras.layers.Dense(args.hidden)(ffn)
+        )
+    weights = keras.ops.cast(padding, "float32")[..., None]
+    pooled = keras.ops.sum(x * weights, 1) / keras.ops.sum(weights, 1)
+    probs = keras.layers.Dense(2, activation="softmax")(pooled)
+    model = keras.Model([token_ids, padding], probs)
+    model.compile(
+        keras.optimizers.Adam(1e-4),
+        "sparse_categorical_crossentropy",
+        jit_compile=args.jit_compile,
+    )
+    return model
+
+
+def machine():
+    cores = os.cpu_count()
+    try:
+        load = ", load average %.1f" % os.getloadavg()[0]
+    except OSError:
+        load = ""
+    return f"{platform.processor() or platform.machine()}, {cores} cores{load}"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--length", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--vocabulary", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--no-jit", dest="jit_compile", action="store_false")
+    parser.add_argument("--output", default=None, help="Markdown file")
+    args = parser.parse_args()
+    for method in args.methods:
+        if method not in METHODS:
+            raise ValueError(
+                f"`--methods` must be among {METHODS}. Received: {method!r}"
+            )
+    args.length = args.length or (32 if args.quick else 64)
+    args.batch_size = args.batch_size or (8 if args.quick else 16)
+    repeats = args.repeats or (3 if args.quick else 15)
+    steps = args.steps or (2 if args.quick else 5)
+
+    rng = np.random.default_rng(0)
+    shape = (args.batch_size, args.length)
+    ids = rng.integers(1, args.vocabulary, shape).astype("int32")
+    lengths = rng.integers(args.length // 2, args.length + 1, args.batch_size)
+    padding = np.arange(args.length)[None] < lengths[:, None]
+    labels = rng.integers(0, 2, args.batch_size).astype("int32")
+    batch = ([ids, padding], labels)
+
+    start = time.perf_counter()
+    names = ["none"] + list(args.methods)
+    models = {
+        name: classifier(args, None if name == "none" else name)
+        for name in names
+    }
+    for model in models.values():
+        for _ in range(2):  # trace, compile and warm up
+            model.train_on_batch(*batch)
+    times = {name: [] for name in names}
+    for _ in range(repeats):
+        for name in rng.permutation(names):
+            model = models[name]
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                model.train_on_batch(*batch)
+            times[name].append((time.perf_counter() - t0) / steps)
+    plain = np.asarray(times["none"])
+    lines = [
+        f"KQAlignment train-step overhead: backend {keras.backend.backend()}"
+        f", jit_compile={args.jit_compile}, {machine()}.",
+        f"Model: {args.layers} blocks, hidden {args.hidden}, {args.heads} "
+        f"heads x {args.hidden // args.heads}, batch {args.batch_size} x "
+        f"length {args.length} (padded), {repeats} repeats x {steps} steps.",
+        "",
+        "| method | ms/step (median) | ratio vs none (median) | goal |",
+        "| --- | --- | --- | --- |",
+        f"| none | {1e3 * np.median(plain):.1f} | 1.00 | |",
+    ]
+    for name in args.methods:
+        ratio = float(np.median(np.asarray(times[name]) / plain))
+        goal = GOALS.get(name)
+        verdict = "" if goal is None else f"<= {goal:.2f}x"
+        if goal is not None:
+            verdict += " met" if ratio <= goal else " MISSED"
+        lines.append(
+            f"| {name} | {1e3 * np.median(times[name]):.1f} | "
+            f"{ratio:.2f}x | {verdict} |"
+        )
+    lines.append("")
+    lines.append(f"Total {time.perf_counter() - start:.1f} s.")
+    text = "\n".join(lines)
+    print(text)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

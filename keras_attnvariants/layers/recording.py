@@ -1,0 +1,111 @@
+"""Recording what the `_compute_attention` of attention layers sees.
+
+For analysis, not training: within `record_attention(layers)`, every call
+of a layer's `_compute_attention` (the extension point of
+`keras.layers.MultiHeadAttention`, whose signature
+`tests/layers/mha_contract_test.py` pins) is appended to a list of
+`AttentionCall` records, in call order. The recorder is an instance
+attribute that shadows the class method and is removed on exit, even if
+the forward pass raises. Run the forward pass eagerly: inside a traced
+function the records would hold symbolic tensors.
+"""
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+
+from keras import layers as keras_layers
+
+
+@dataclass
+class AttentionCall:
+    """One call of an attention layer's `_compute_attention`.
+
+    Attributes:
+        layer: the `keras.layers.MultiHeadAttention` that was called.
+        query: projected query `(B, T, N, H)`.
+        key: projected key `(B, S, N, H)`.
+        value: projected value `(B, S, N, H)`.
+        attention_mask: bool mask broadcastable to `(B, T, S)` (or with a
+            head axis), or `None`.
+        weights: attention weights `(B, N, T, S)` before dropout, or `None`
+            when the layer did not return them (see `with_weights`).
+    """
+
+    layer: object
+    query: object
+    key: object
+    value: object
+    attention_mask: object
+    weights: object
+
+
+@contextlib.contextmanager
+def record_attention(layers, with_weights=False):
+    """Records every `_compute_attention` call of `layers`.
+
+    Args:
+        layers: iterable of `keras.layers.MultiHeadAttention` (this
+            package's layers, plain Keras MHA, keras-hub's cached
+            attention). A layer listed twice is wrapped once.
+        with_weights: bool. If `True`, each call is made with
+            `return_attention_scores=True` so that `weights` is recorded
+            (this turns off MHA's fused path; outputs are unchanged up to
+            float rounding). Defaults to `False`.
+
+    Yields:
+        The list of `AttentionCall`, filled as the layers are called.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras
+    >>> from keras_attnvariants.layers.recording import record_attention
+    >>> mha = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+    >>> x = np.ones((1, 3, 8), "float32")
+    >>> with record_attention([mha], with_weights=True) as calls:
+    ...     _ = mha(x, x)
+    >>> tuple(calls[0].weights.shape)
+    (1, 2, 3, 3)
+    """
+    layers = list(dict.fromkeys(layers))
+    for layer in layers:
+        if not isinstance(layer, keras_layers.MultiHeadAttention):
+            raise ValueError(
+                "`layers` must hold `keras.layers.MultiHeadAttention` "
+                f"instances. Received: {type(layer).__name__}"
+            )
+    calls = []
+    try:
+        for layer in layers:
+            layer._compute_attention = _recorder(layer, calls, with_weights)
+        yield calls
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("_compute_attention", None)
+
+
+def _recorder(layer, calls, with_weights):
+    """`layer._compute_attention`, appending an `AttentionCall` per call."""
+    compute = layer._compute_attention
+    signature = inspect.signature(compute)
+
+    def compute_and_record(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        if with_weights:
+            bound.arguments["return_attention_scores"] = True
+        output, weights = compute(*bound.args, **bound.kwargs)
+        arguments = bound.arguments
+        calls.append(
+            AttentionCall(
+                layer=layer,
+                query=arguments["query"],
+                key=arguments["key"],
+                value=arguments["value"],
+                attention_mask=arguments.get("attention_mask"),
+                weights=weights,
+            )
+        )
+        return output, weights
+
+    return compute_and_record
