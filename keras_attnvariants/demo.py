@@ -58,12 +58,15 @@ def load_task(size, seed):
     if offline.minilm_path() and offline.rotten_tomatoes_path():
         texts, labels = offline.rotten_tomatoes(n_train + n_test, seed=seed)
         backbone, preprocessor = pretrained.load_minilm(length)
-        backbone = first_layers(backbone, num_layers)
+        backbone = pretrained.first_layers(backbone, num_layers)
         features = {k: np.asarray(v) for k, v in preprocessor(texts).items()}
         return {
             "name": f"MiniLM (pretrained, first {num_layers} of 6 layers) "
             "on Rotten Tomatoes",
-            "backbone": lambda: copy_backbone(backbone),
+            # A fresh copy per variant: fine-tuning changes the weights.
+            "backbone": lambda: pretrained.first_layers(
+                backbone, backbone.num_layers
+            ),
             "features": features,
             "labels": labels,
             "n_train": n_train,
@@ -103,25 +106,6 @@ def load_task(size, seed):
         "example": None,
         "learning_rate": 3e-3,
     }
-
-
-def copy_backbone(backbone, num_layers=None):
-    """A fresh backbone of the same config (optionally fewer layers) holding
-    the matching weights of `backbone`, copied by variable path."""
-    config = backbone.get_config()
-    if num_layers is not None:
-        config["num_layers"] = num_layers
-    copy = type(backbone).from_config(config)
-    source = {v.path: v for v in backbone.weights}
-    for variable in copy.weights:
-        variable.assign(source[variable.path])
-    return copy
-
-
-def first_layers(backbone, num_layers):
-    if num_layers >= backbone.num_layers:
-        return backbone
-    return copy_backbone(backbone, num_layers)
 
 
 def convert(backbone, variant, num_heads, steps):

@@ -4,7 +4,6 @@ import keras
 from keras import ops
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
-from keras_attnvariants.losses.attention_loss import build_context
 from keras_attnvariants.ops.gumbel import argmax_indices
 from keras_attnvariants.ops.gumbel import gather_values
 from keras_attnvariants.ops.gumbel import gumbel_from_uniform
@@ -211,17 +210,18 @@ class GumbelDiscreteAttention(VariantAttention):
         return_attention_scores=False,
         use_causal_mask=False,
     ):
-        if use_causal_mask:
-            causal = self._compute_causal_mask(query, value)
-            attention_mask = (
-                causal
-                if attention_mask is None
-                else ops.logical_and(ops.cast(attention_mask, "bool"), causal)
-            )
+        attention_mask = self._merge_causal_mask(
+            attention_mask, query, value, use_causal_mask
+        )
         # mask: (B, 1, T, S) or None; scores: (B, N, T, S) float32
         mask = self._prepare_mask(attention_mask, query, key)
         scores = self.attention_logits(query, key)
         if not training and self.inference_mode != "soft":
+            if self._losses_active(training):
+                # Symbolic build only: create the attached terms' weights.
+                self._apply_attention_losses(
+                    masked_softmax(scores, mask), query, key, mask
+                )
             return self._one_hot_attention(
                 scores, value, mask, return_attention_scores
             )
@@ -236,19 +236,9 @@ class GumbelDiscreteAttention(VariantAttention):
                 weights = straight_through(weights, mask)
         else:
             weights = masked_softmax(scores, mask)
-        if self.attention_losses and training:
-            context = build_context(
-                self, weights, query, key, None if mask is None else mask[:, 0]
-            )
-            for term in self.attention_losses:
-                term.from_attention(context)
-        weights = ops.cast(weights, self.compute_dtype)
-        final_weights = weights
-        if self._dropout > 0.0:
-            final_weights = self._dropout_layer(weights, training=training)
-        # output: (B, T, N, H)
-        output = ops.einsum(self._combine_equation, final_weights, value)
-        return output, weights
+        if self._losses_active(training):
+            self._apply_attention_losses(weights, query, key, mask)
+        return self._attend(weights, value, training)
 
     def _one_hot_attention(self, scores, value, mask, return_scores):
         """Inference `"argmax"` / `"sample"`: a gather of one value row."""

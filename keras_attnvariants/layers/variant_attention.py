@@ -212,6 +212,44 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             return True
         return prefer_fused_path()
 
+    def _merge_causal_mask(self, attention_mask, query, value, causal):
+        if not causal:
+            return attention_mask
+        causal_mask = self._compute_causal_mask(query, value)
+        if attention_mask is None:
+            return causal_mask
+        return ops.logical_and(ops.cast(attention_mask, "bool"), causal_mask)
+
+    def _losses_active(self, training):
+        """Whether the attached terms run in this call.
+
+        They run in training, and once symbolically so that their own
+        weights exist before the optimizer is built (variables created
+        inside a distributed train step are rejected).
+        """
+        if not self.attention_losses:
+            return False
+        building = in_symbolic_scope() and not all(
+            term.built for term in self.attention_losses
+        )
+        return bool(training) or building
+
+    def _apply_attention_losses(self, weights, query, key, mask):
+        context = build_context(
+            self, weights, query, key, None if mask is None else mask[:, 0]
+        )
+        for term in self.attention_losses:
+            term.from_attention(context)
+
+    def _attend(self, weights, value, training):
+        """Output `(B, T, N, H)` and the weights in the compute dtype."""
+        weights = ops.cast(weights, self.compute_dtype)
+        final_weights = weights
+        if self._dropout > 0.0:
+            final_weights = self._dropout_layer(weights, training=training)
+        output = ops.einsum(self._combine_equation, final_weights, value)
+        return output, weights
+
     def _compute_attention(
         self,
         query,
@@ -222,24 +260,12 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         return_attention_scores=False,
         use_causal_mask=False,
     ):
-        if use_causal_mask:
-            causal = self._compute_causal_mask(query, value)
-            attention_mask = (
-                causal
-                if attention_mask is None
-                else ops.logical_and(ops.cast(attention_mask, "bool"), causal)
-            )
+        attention_mask = self._merge_causal_mask(
+            attention_mask, query, value, use_causal_mask
+        )
         # mask: (B, 1, T, S) or None
         mask = self._prepare_mask(attention_mask, query, key)
-        # Attached terms run in training, and once symbolically so that
-        # their own weights exist before the optimizer is built (variables
-        # created inside a distributed train step are rejected).
-        building = in_symbolic_scope() and not all(
-            term.built for term in self.attention_losses
-        )
-        with_losses = bool(self.attention_losses) and (
-            bool(training) or building
-        )
+        with_losses = self._losses_active(training)
         need_weights = (
             return_attention_scores
             or with_losses
@@ -249,25 +275,12 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             output = self.fused_attention(query, key, value, mask)
             if output is not None:
                 return output, None
+        # scores, weights: (B, N, T, S) float32
         scores = self.attention_logits(query, key)
         weights = self.normalize(scores, mask)
         if with_losses:
-            context = build_context(
-                self,
-                weights,
-                query,
-                key,
-                None if mask is None else mask[:, 0],
-            )
-            for term in self.attention_losses:
-                term.from_attention(context)
-        weights = ops.cast(weights, self.compute_dtype)
-        final_weights = weights
-        if self._dropout > 0.0:
-            final_weights = self._dropout_layer(weights, training=training)
-        # output: (B, T, N, H)
-        output = ops.einsum(self._combine_equation, final_weights, value)
-        return output, weights
+            self._apply_attention_losses(weights, query, key, mask)
+        return self._attend(weights, value, training)
 
     def get_config(self):
         config = super().get_config()
