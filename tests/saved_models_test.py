@@ -9,7 +9,10 @@ import keras
 import numpy as np
 import pytest
 
+from keras_attnvariants.testing.layer_zoo import CONVERTED_BACKBONE
 from keras_attnvariants.testing.layer_zoo import GOLDEN
+
+ARTIFACTS = GOLDEN + (CONVERTED_BACKBONE,)
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "saved_models")
 
@@ -19,17 +22,19 @@ import numpy as np
 import tensorflow as tf
 io = np.load(sys.argv[2])
 loaded = tf.saved_model.load(sys.argv[1])
-out = loaded.serve({"tokens": tf.constant(io["tokens"])})
+inputs = {k: tf.constant(io[k]) for k in io.files if k != "expected"}
+out = loaded.serve(inputs)
 print(json.dumps(float(np.abs(out.numpy() - io["expected"]).max())))
 print(json.dumps("keras_attnvariants" in sys.modules))
 """
 
 
-@pytest.mark.parametrize("name", GOLDEN)
+@pytest.mark.parametrize("name", ARTIFACTS)
 def test_keras_artifact_loads_in_safe_mode_with_same_outputs(name):
     io = np.load(os.path.join(ROOT, f"{name}_io.npz"))
     model = keras.saving.load_model(os.path.join(ROOT, f"{name}.keras"))
-    out = model({"tokens": io["tokens"]}, training=False)
+    inputs = {k: io[k] for k in io.files if k != "expected"}
+    out = model(inputs, training=False)
     np.testing.assert_allclose(
         keras.ops.convert_to_numpy(out), io["expected"], atol=1e-6
     )
@@ -38,7 +43,7 @@ def test_keras_artifact_loads_in_safe_mode_with_same_outputs(name):
 @pytest.mark.skipif(
     keras.config.backend() != "tensorflow", reason="SavedModel needs TF"
 )
-@pytest.mark.parametrize("name", GOLDEN)
+@pytest.mark.parametrize("name", ARTIFACTS)
 def test_savedmodel_serves_same_outputs_in_fresh_process(name):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.run(

@@ -58,24 +58,48 @@ LAYERS = {
         2, 4, attention_losses=[kav.KQAlignment("ot", name="kq_ot")]
     ),
 }
+# Encoders that take the token ids themselves.
+ENCODERS = {
+    "two_stream_encoder": lambda: kav.TwoStreamEncoder(
+        vocab_size=VOCAB,
+        max_length=LENGTH,
+        num_layers=2,
+        d_model=DIM,
+        num_heads=2,
+        d_ff=16,
+        receptive_field_coefficient=0.1,
+        seed=3,
+    ),
+}
+LAYERS.update(ENCODERS)
 # Gumbel noise differs per replica by design.
-DETERMINISTIC = set(LAYERS) - {"gumbel_discrete_attention"}
+DETERMINISTIC = set(LAYERS) - {
+    "gumbel_discrete_attention",
+    "two_stream_encoder",
+}
+# Artifacts of saved_models/: zoo models plus the converted keras-hub BERT.
+CONVERTED_BACKBONE = "converted_bert_backbone"
 GOLDEN = (
     "doubly_normalized_attention",
     "hybrid_attention",
     "gumbel_discrete_attention",
+    "two_stream_encoder",
 )
 
 
 def build_model(name, dtype=None):
-    """Seeded functional model: embedding (mask_zero) -> layer -> dense."""
+    """Seeded functional model: embedding (mask_zero) -> layer -> dense
+    (encoders of `ENCODERS` embed the token ids themselves)."""
     keras.utils.set_random_seed(1)
     tokens = keras.Input((LENGTH,), dtype="int32", name="tokens")
-    x = keras.layers.Embedding(VOCAB, DIM, mask_zero=True, dtype=dtype)(tokens)
+    if name not in ENCODERS:
+        x = keras.layers.Embedding(VOCAB, DIM, mask_zero=True, dtype=dtype)(
+            tokens
+        )
     layer = LAYERS[name]()
     if dtype is not None:
         layer = type(layer).from_config({**layer.get_config(), "dtype": dtype})
-    x = x + layer(x, x)
+    x = layer(tokens) if name in ENCODERS else x + layer(x, x)
     x = keras.layers.GlobalAveragePooling1D(dtype=dtype)(x)
     outputs = keras.layers.Dense(3, name="head", dtype="float32")(x)
     return keras.Model({"tokens": tokens}, outputs, name=name)
@@ -89,3 +113,33 @@ def training_data(num=32, seed=0):
     tokens[:, 4:] *= rng.random((num, 1)) < 0.5  # padding on half the rows
     targets = rng.normal(size=(num, 3)).astype("float32")
     return {"tokens": tokens}, targets
+
+
+def build_converted_backbone():
+    """A small random keras-hub BERT converted to HNAS, in a functional
+    model returning its sequence output (needs keras-hub)."""
+    from keras_attnvariants.backbones import convert_backbone
+    from keras_attnvariants.backbones.pretrained import random_bert
+
+    backbone = random_bert(VOCAB, LENGTH, seed=1)
+    converted = convert_backbone(backbone, kav.HybridAttention, hybrid_init=0.3)
+    inputs = {
+        "token_ids": keras.Input((LENGTH,), dtype="int32", name="token_ids"),
+        "padding_mask": keras.Input(
+            (LENGTH,), dtype="int32", name="padding_mask"
+        ),
+        "segment_ids": keras.Input(
+            (LENGTH,), dtype="int32", name="segment_ids"
+        ),
+    }
+    outputs = converted(inputs)["sequence_output"]
+    return keras.Model(inputs, outputs, name="converted_bert")
+
+
+def backbone_inputs():
+    tokens = training_data(num=2, seed=0)[0]["tokens"]
+    return {
+        "token_ids": tokens,
+        "padding_mask": (tokens != 0).astype("int32"),
+        "segment_ids": (tokens * 0).astype("int32"),
+    }
