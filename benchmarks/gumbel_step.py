@@ -156,7 +156,10 @@ def markdown_table(mode, results):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        usage="%(prog)s [--quick] [options] (see --help)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes")
     parser.add_argument("--output", help="also write the tables here")
     parser.add_argument("--batch", type=int, default=8)

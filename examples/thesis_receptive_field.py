@@ -61,7 +61,8 @@ def non_negative_float(text):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description="Reproduce the appendix (receptive-field recovery)."
+        description="Reproduce the appendix (receptive-field recovery).",
+        usage="%(prog)s [--quick] [options] (see --help)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="tiny CI run (< 60 s)"

@@ -385,9 +385,19 @@ class KQAlignment(AttentionLoss):
         points = ops.ones((batch, q_len, num_heads), "bool")
         return q, k, points, points, ops.logical_and(q_valid, k_valid)
 
+    @staticmethod
+    def _on_both(function, q, k):
+        """`function` on queries and keys in one pass (points concatenated)."""
+        both = function(ops.concatenate([q, k], axis=-2))
+        q_len = ops.shape(q)[-2]
+        return both[..., :q_len, :], both[..., q_len:, :]
+
     def _gan(self, q, k, q_points, k_points):
-        logit_q = self._highway_mlp(self.discriminator, q)[..., 0]
-        logit_k = self._highway_mlp(self.discriminator, k)[..., 0]
+        # logits: (B, G, P, 1)
+        logit_q, logit_k = self._on_both(
+            lambda x: self._highway_mlp(self.discriminator, x), q, k
+        )
+        logit_q, logit_k = logit_q[..., 0], logit_k[..., 0]
         # log D(q) and log(1 - D(k)), weighted over valid points.
         real = ops.sum(
             uniform_marginal(q_points) * ops.log_sigmoid(logit_q), -1
@@ -399,12 +409,14 @@ class KQAlignment(AttentionLoss):
 
     def _ct(self, q, k, q_points, k_points):
         # logits: (B, G, P, P') = t_phi(q_i) . t_phi(k_j)
-        nav_q = self.navigator[1](ops.leaky_relu(self.navigator[0](q)))
-        nav_k = self.navigator[1](ops.leaky_relu(self.navigator[0](k)))
+        nav_q, nav_k = self._on_both(
+            lambda x: self.navigator[1](ops.leaky_relu(self.navigator[0](x))),
+            q,
+            k,
+        )
         logits = ops.einsum("bgid,bgjd->bgij", nav_q, nav_k)
         cost = cosine_cost(
-            self._highway_mlp(self.critic, q),
-            self._highway_mlp(self.critic, k),
+            *self._on_both(lambda x: self._highway_mlp(self.critic, x), q, k)
         )
         return conditional_transport_cost(
             cost, logits, q_points, k_points, rho=self.rho

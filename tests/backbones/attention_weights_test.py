@@ -6,6 +6,8 @@ import keras_attnvariants as kav
 from keras_attnvariants.backbones.attention_weights import attention_weights
 from keras_attnvariants.backbones.attention_weights import hybrid_weights
 from keras_attnvariants.backbones.conversion import convert_backbone
+from keras_attnvariants.backbones.conversion import self_attention_layers
+from keras_attnvariants.layers.recording import record_attention
 from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.testing.test_case import TestCase
 
@@ -42,8 +44,13 @@ def softmax(x, axis=-1):
 
 
 class AttentionWeightsTest(TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.bert = bert()
+
     def test_first_layer_matches_numpy_reference(self):
-        backbone = bert()
+        backbone = self.bert
         data = inputs()
         weights = attention_weights(backbone, data)
         self.assertLen(weights, 2)
@@ -72,7 +79,7 @@ class AttentionWeightsTest(TestCase):
         self.assertAllClose(weights[0], expected, atol=1e-5)
 
     def test_dnas_weights_per_layer_and_head(self):
-        backbone = convert_backbone(bert(), kav.DoublyNormalizedAttention)
+        backbone = convert_backbone(self.bert, kav.DoublyNormalizedAttention)
         data = inputs(lengths=(6, 3))
         for layer_weights in attention_weights(backbone, data):
             for b, length in enumerate((6, 3)):
@@ -101,13 +108,33 @@ class AttentionWeightsTest(TestCase):
         layer = backbone.transformer_layers[0][0]._self_attention_layer
         self.assertNotIn("_compute_attention", vars(layer))
 
+    def test_record_attention_sees_projections_and_restores_layers(self):
+        layers = self_attention_layers(self.bert)
+        with self.assertRaisesRegex(RuntimeError, "stop"):
+            with record_attention(layers) as calls:
+                self.bert(inputs())
+                raise RuntimeError("stop")
+        self.assertEqual([c.layer for c in calls], layers)
+        self.assertEqual(tuple(calls[0].query.shape), (2, 6, 2, 4))
+        self.assertEqual(tuple(calls[0].key.shape), (2, 6, 2, 4))
+        mask = keras.ops.convert_to_numpy(calls[0].attention_mask)
+        self.assertAllEqual(
+            np.broadcast_to(mask, (2, 6, 6))[:, 0],
+            inputs()["padding_mask"].astype(bool),
+        )
+        for layer in layers:
+            self.assertNotIn("_compute_attention", vars(layer))
+        with self.assertRaisesRegex(ValueError, "MultiHeadAttention"):
+            with record_attention([keras.layers.Dense(2)]):
+                pass
+
     def test_hybrid_weights_per_layer(self):
         backbone = convert_backbone(
             bert(3), kav.HybridAttention, hybrid_init=0.2
         )
         self.assertAllClose(hybrid_weights(backbone), np.full((3, 2), 0.2))
         with self.assertRaisesRegex(ValueError, "HybridAttention"):
-            hybrid_weights(bert())
+            hybrid_weights(self.bert)
 
 
 @keras.saving.register_keras_serializable(package="kav_backbone_tests")
@@ -194,13 +221,21 @@ class AttentionLossesTest(TestCase):
             backbone=backbone, num_classes=2, preprocessor=None
         )
         classifier.compile(
-            optimizer="adam",
+            optimizer=keras.optimizers.Adam(1e-2),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            # A traced train step, without XLA's compile time.
+            jit_compile=False,
         )
+        before = hybrid_weights(backbone)
         history = classifier.fit(
-            data, np.array([0, 1]), batch_size=2, epochs=2, verbose=0
+            data, np.array([0, 1]), batch_size=1, epochs=2, verbose=0
         )
+        self.assertTrue(np.all(np.isfinite(history.history["loss"])))
         self.assertIn("first_key", history.history)
         self.assertIn("first_key_again", history.history)
         self.assertGreater(history.history["first_key"][-1], 0.0)
         self.assertLen(classifier.losses, 4)
+        # The task model trains the mixing weights (kept in [0, 1]).
+        after = hybrid_weights(backbone)
+        self.assertGreater(np.abs(after - before).max(), 0.0)
+        self.assertTrue(np.all((after >= 0.0) & (after <= 1.0)))

@@ -47,8 +47,15 @@ def numpy_outputs(outputs):
 
 
 class SerializationTest(TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        # One converted backbone for all tests; none of them changes it.
+        cls.backbone = converted_bert()
+        cls.expected = numpy_outputs(cls.backbone(inputs()))
+
     def test_keras_round_trip_keeps_class_and_outputs(self):
-        backbone = converted_bert()
+        backbone = self.backbone
         path = os.path.join(self.get_temp_dir(), "backbone.keras")
         backbone.save(path)
         reloaded = keras.saving.load_model(path)
@@ -58,19 +65,19 @@ class SerializationTest(TestCase):
         self.assertTrue(all(x.self_attention_padding for x in layers))
         self.assertLen(reloaded.weights, len(backbone.weights))
         got = numpy_outputs(reloaded(inputs()))
-        expected = numpy_outputs(backbone(inputs()))
+        expected = self.expected
         for key in ("sequence_output", "pooled_output"):
             self.assertAllClose(got[key], expected[key], atol=1e-6)
         self.assertAllClose(np.asarray(layers[1].hybrid_weight), [0.5, 0.9])
 
     def test_task_model_round_trip(self):
         classifier = keras_hub.models.BertTextClassifier(
-            backbone=converted_bert(), num_classes=2, preprocessor=None
+            backbone=self.backbone, num_classes=2, preprocessor=None
         )
         self.assert_keras_save_load_parity(classifier, inputs())
 
     def test_reload_in_fresh_process_without_keras_hub_import(self):
-        backbone = converted_bert()
+        backbone = self.backbone
         path = os.path.join(self.get_temp_dir(), "fresh.keras")
         backbone.save(path)
         expected = keras.ops.convert_to_numpy(
@@ -106,12 +113,12 @@ class SerializationTest(TestCase):
             self.skipTest("SavedModel export is tested on TensorFlow")
         import tensorflow as tf
 
-        backbone = converted_bert()
+        backbone = self.backbone
         path = os.path.join(self.get_temp_dir(), "saved_model")
         backbone.export(path, verbose=False)
         # Keep the loaded object: its variables die with it.
         loaded = tf.saved_model.load(path)
         served = loaded.serve({k: tf.constant(v) for k, v in inputs().items()})
-        expected = numpy_outputs(backbone(inputs()))
+        expected = self.expected
         for key in ("sequence_output", "pooled_output"):
             self.assertAllClose(served[key].numpy(), expected[key], atol=1e-6)

@@ -245,3 +245,63 @@ class KeyQueryMMDDiagnosticTest(TestCase):
         self.assertAllClose(got["total"], want.sum(), atol=1e-5)
         # The recording wrappers are gone.
         self.assertNotIn("_compute_attention", vars(layer))
+
+    def test_same_named_layers_are_kept_apart(self):
+        # keras-hub names every block's attention "self_attention_layer".
+        from keras_attnvariants.losses.kq_diagnostics import key_query_mmd
+
+        rng = np.random.default_rng(12)
+        x = rng.normal(size=(2, 5, 8)).astype("float32")
+
+        class TwoBlocks(keras.Model):
+            def __init__(self):
+                super().__init__()
+                self.first = HybridAttention(2, 4, hybrid_init=0.0, name="a")
+                self.second = HybridAttention(2, 4, hybrid_init=0.0, name="a")
+
+            def call(self, inputs):
+                h = self.first(inputs, inputs)
+                return self.second(h * 3.0, h * 3.0)
+
+        model = TwoBlocks()
+        model(x)
+        got = key_query_mmd(model, [x])
+        self.assertEqual(sorted(got["per_head"]), ["a_0", "a_1"])
+        h = ops.convert_to_numpy(model.first(x, x)) * 3.0
+        for label, layer, inputs in (
+            ("a_0", model.first, x),
+            ("a_1", model.second, h),
+        ):
+            q, k = (
+                ops.convert_to_numpy(t) for t in kq_projections(layer, inputs)
+            )
+            want = np.mean(
+                [
+                    [numpy_mmd(q[b, :, n], k[b, :, n]) for n in range(2)]
+                    for b in range(2)
+                ],
+                axis=0,
+            )
+            self.assertAllClose(got["per_head"][label], want, atol=1e-5)
+
+    def test_self_attention_padding_drops_padded_queries(self):
+        from keras_attnvariants.losses.kq_diagnostics import _per_head_mmd
+
+        q, k, _, _ = projected(13)
+        k = k[:, :6]
+        valid = np.arange(6)[None] < np.array([6, 4])[:, None]
+        # A key-padding mask, as keras-hub passes it: (B, T, S).
+        mask = np.broadcast_to(valid[:, None, :], (2, 6, 6))
+        got, count = _per_head_mmd(q, k, mask, 1.0, True)
+        want = np.sum(
+            [
+                [
+                    numpy_mmd(q[b, valid[b], n], k[b, valid[b], n])
+                    for n in range(3)
+                ]
+                for b in range(2)
+            ],
+            axis=0,
+        )
+        self.assertEqual(count, 2.0)
+        self.assertAllClose(got, want, atol=1e-5)
