@@ -21,3 +21,6 @@ from keras_attnvariants.backbones.conversion import (
 from keras_attnvariants.backbones.conversion import (
     self_attention_layers as self_attention_layers,
 )
+from keras_attnvariants.backbones.pretrained import first_layers as first_layers
+from keras_attnvariants.backbones.pretrained import load_minilm as load_minilm
+from keras_attnvariants.backbones.pretrained import random_bert as random_bert

@@ -9,6 +9,10 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (
 from keras_attnvariants.layers.hybrid_attention import (
     HybridAttention as HybridAttention,
 )
+from keras_attnvariants.layers.recording import AttentionCall as AttentionCall
+from keras_attnvariants.layers.recording import (
+    record_attention as record_attention,
+)
 from keras_attnvariants.layers.two_stream_block import (
     TwoStreamBlock as TwoStreamBlock,
 )

@@ -7,7 +7,7 @@ from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.ops.gumbel import argmax_indices
 from keras_attnvariants.ops.gumbel import gather_values
 from keras_attnvariants.ops.gumbel import gumbel_from_uniform
-from keras_attnvariants.ops.gumbel import masked_log_softmax
+from keras_attnvariants.ops.gumbel import masked_logits
 from keras_attnvariants.ops.gumbel import relaxed_sample
 from keras_attnvariants.ops.gumbel import straight_through
 from keras_attnvariants.ops.masking import MASK_FILL
@@ -242,7 +242,8 @@ class GumbelDiscreteAttention(VariantAttention):
 
     def _one_hot_attention(self, scores, value, mask, return_scores):
         """Inference `"argmax"` / `"sample"`: a gather of one value row."""
-        logits = masked_log_softmax(scores, mask)
+        # Selection is shift-invariant per row: no log_softmax needed.
+        logits = masked_logits(scores, mask)
         if self.inference_mode == "sample":
             noise = gumbel_from_uniform(
                 distributed_uniform(ops.shape(scores), self.seed_generator)

@@ -62,17 +62,27 @@ def gumbel_noise(shape, seed=None):
     return gumbel_from_uniform(uniform)
 
 
-def masked_log_softmax(scores, mask=None):
-    """Float32 `log_softmax` over keys; masked entries at `MASK_FILL`.
+def masked_logits(scores, mask=None):
+    """Float32 scores clamped to `+-1e9`, masked entries at `MASK_FILL`.
 
-    Non-finite scores (e.g. `inf` from an overflowing half-precision
-    product) are clamped to `+-1e9`, so the result is always finite.
+    Enough for argmax and Gumbel-max selection, which do not change when a
+    row is shifted by its logsumexp.
     """
     x = ops.cast(scores, "float32")
     x = ops.clip(ops.nan_to_num(x, nan=0.0), -1e9, 1e9)
     if mask is not None:
         mask = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(x))
         x = ops.where(mask, x, MASK_FILL)
+    return x
+
+
+def masked_log_softmax(scores, mask=None):
+    """Float32 `log_softmax` over keys; masked entries at `MASK_FILL`.
+
+    Non-finite scores (e.g. `inf` from an overflowing half-precision
+    product) are clamped to `+-1e9`, so the result is always finite.
+    """
+    x = masked_logits(scores, mask)
     x = x - ops.logsumexp(x, axis=-1, keepdims=True)
     if mask is not None:
         x = ops.where(mask, x, MASK_FILL)
