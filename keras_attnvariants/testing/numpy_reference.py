@@ -68,19 +68,3 @@ def multi_head_attention(layer, query, value, normalize, mask=None):
     )
     context = np.einsum("bnts,bsnh->btnh", weights, v)
     return np.einsum("btnh,nhd->btd", context, wo) + bo, weights
-
-
-def mode_collapse_toy(normalize, steps=4, seed=0):
-    """Paper Appendix E: two Gaussian clusters, Q = K = I, x <- A(xx^T) x.
-
-    Returns the points after each step, a list of `(550, 2)` arrays.
-    """
-    rng = np.random.default_rng(seed)
-    big = rng.normal([1.8, 0.7], np.sqrt(0.1), size=(500, 2))
-    small = rng.normal([-1.0, -1.0], np.sqrt(0.1), size=(50, 2))
-    x = np.concatenate([big, small])
-    history = [x]
-    for _ in range(steps):
-        x = normalize(x @ x.T) @ x
-        history.append(x)
-    return history
