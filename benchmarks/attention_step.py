@@ -19,12 +19,11 @@ Usage:
 """
 
 import argparse
+import functools
 import os
 import platform
 import random
-import statistics
 import sys
-import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -32,6 +31,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+# `benchmarks/` is sys.path[0] when this script runs.
+from harness import infer_fn  # noqa: E402
+from harness import median_ratio  # noqa: E402
+from harness import median_time  # noqa: E402
+from harness import steps_for  # noqa: E402
+from harness import time_alternating  # noqa: E402
+from harness import train_step_fn  # noqa: E402
+from harness import warm_up  # noqa: E402
 
 from keras_attnvariants.layers.doubly_normalized_attention import (  # noqa: E402
     DoublyNormalizedAttention,
@@ -47,33 +55,6 @@ def make_layer(kind, num_heads, key_dim, path):
         return keras.layers.MultiHeadAttention(num_heads, key_dim, seed=0)
     cls = DoublyNormalizedAttention if kind == "dnas" else HybridAttention
     return cls(num_heads, key_dim, attention_path=path, seed=0)
-
-
-def train_step_fn(layer):
-    """A compiled train step: forward, backward, SGD update."""
-    optimizer = keras.optimizers.SGD(1e-4)
-    variables = layer.trainable_variables
-
-    @tf.function(jit_compile=True)
-    def step(x):
-        with tf.GradientTape() as tape:
-            y = layer(x, x, training=True)
-            loss = tf.reduce_mean(tf.square(y))
-        grads = tape.gradient(loss, variables)
-        optimizer.apply(grads, variables)
-        return loss
-
-    return step
-
-
-def infer_fn(layer):
-    """A compiled forward pass."""
-
-    @tf.function(jit_compile=True)
-    def forward(x):
-        return tf.reduce_sum(layer(x, x, training=False))
-
-    return forward
 
 
 def variants(mode):
@@ -99,36 +80,20 @@ def measure(mode, batch, length, dim, num_heads, repeats, steps):
         np.random.default_rng(0).normal(size=(batch, length, dim)),
         "float32",
     )
-    fns = {}
+    calls = {}
     for label, kind, path in variants(mode):
         layer = make_layer(kind, num_heads, dim // num_heads, path)
         layer(x, x)  # build
         fn = train_step_fn(layer) if mode == "train" else infer_fn(layer)
-        fn(x).numpy()  # compile
-        fn(x).numpy()  # warm up
-        fns[label] = fn
-    times = {label: [] for label in fns}
-    ratios = {label: [] for label in fns}
-    order = list(fns)
-    for _ in range(repeats):
-        random.shuffle(order)
-        this_repeat = {}
-        for label in order:
-            fn = fns[label]
-            start = time.perf_counter()
-            for _ in range(steps):
-                out = fn(x)
-            out.numpy()
-            this_repeat[label] = (time.perf_counter() - start) / steps
-        for label, seconds in this_repeat.items():
-            times[label].append(seconds)
-            ratios[label].append(seconds / this_repeat[REFERENCE])
+        calls[label] = functools.partial(fn, x)
+        warm_up(calls[label])  # compile, warm up
+    times = time_alternating(calls, repeats, steps, seed=random.random())
     return {
         label: (
-            statistics.median(times[label]),
-            statistics.median(ratios[label]),
+            median_time(times, label),
+            median_ratio(times, label, REFERENCE),
         )
-        for label in fns
+        for label in calls
     }
 
 
@@ -182,17 +147,14 @@ def parse_args(argv):
     return args
 
 
-def steps_for(mode, batch, length, dim, heads, min_time):
+def mha_steps(mode, batch, length, dim, heads, min_time):
     """Steps per timing so each takes about `min_time` seconds."""
     layer = make_layer("mha", heads, dim // heads, None)
     x = tf.zeros((batch, length, dim))
     layer(x, x)
     fn = train_step_fn(layer) if mode == "train" else infer_fn(layer)
     fn(x).numpy()
-    start = time.perf_counter()
-    fn(x).numpy()
-    once = time.perf_counter() - start
-    return max(1, int(min_time / max(once, 1e-6)))
+    return steps_for(functools.partial(fn, x), min_time)
 
 
 def main(argv=None):
@@ -209,7 +171,7 @@ def main(argv=None):
     for mode in args.modes:
         results = {}
         for length in args.lengths:
-            steps = steps_for(
+            steps = mha_steps(
                 mode, args.batch, length, args.dim, args.heads, args.min_time
             )
             results[length] = measure(

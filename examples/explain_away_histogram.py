@@ -3,7 +3,8 @@
 One attention layer (single head, 100 keys as in the paper's VQA model)
 with random projections on inputs scaled by `--scale` (sharp attention),
 applied as softmax attention and as DNAS with the same weights; plots the
-histogram of log(sum_i A_ij) of both and prints the fraction of epsilon-explained-away
+histogram of log(sum_i A_ij) of both and prints the fraction of
+epsilon-explained-away
 keys (sum_i A_ij < 1e-8, paper Definition 1).
 
     python examples/explain_away_histogram.py [--output explain_away.png]
