@@ -42,20 +42,23 @@ def distributed_uniform(shape, seed_generator):
     Under `tf.distribute` every replica holds the same `SeedGenerator`
     state, so `keras.random` would give every replica the same noise. On
     the TensorFlow backend, inside a replica context with more than one
-    replica, the replica id is folded into the drawn seed.
+    replica, the replica id is folded into the drawn seed. TensorFlow draws
+    with the Philox algorithm explicitly: `keras.random`'s default
+    ("auto_select") measured about 60x slower under XLA on CPU and made the
+    train step 18x slower than keras MHA.
     """
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
+    if keras.backend.backend() != "tensorflow":
+        return keras.random.uniform(shape, dtype="float32", seed=seed_generator)
+    import tensorflow as tf
 
-        context = tf.distribute.get_replica_context()
-        if context is not None and context.num_replicas_in_sync > 1:
-            seed = tf.cast(seed_generator.next(), "int64")
-            replica = tf.cast(context.replica_id_in_sync_group, "int64")
-            seed = seed + tf.stack([tf.constant(0, "int64"), replica + 1])
-            return tf.random.stateless_uniform(
-                shape, seed=seed, dtype="float32"
-            )
-    return keras.random.uniform(shape, dtype="float32", seed=seed_generator)
+    seed = tf.cast(seed_generator.next(), "int64")
+    context = tf.distribute.get_replica_context()
+    if context is not None and context.num_replicas_in_sync > 1:
+        replica = tf.cast(context.replica_id_in_sync_group, "int64")
+        seed = seed + tf.stack([tf.constant(0, "int64"), replica + 1])
+    return tf.random.stateless_uniform(
+        shape, seed=seed, dtype="float32", alg="philox"
+    )
 
 
 @keras.saving.register_keras_serializable(package="keras_attnvariants")

@@ -1,0 +1,191 @@
+"""Shared timing harness of the benchmark scripts (TensorFlow backend, XLA).
+
+- `train_step_fn` / `infer_fn`: one compiled (`jit_compile=True`) train step
+  or forward pass of one self-attention layer. The train step minimizes
+  `mean(y^2)` plus every loss the layer added with `add_loss` (attached
+  attention losses), with an SGD update.
+- `time_alternating`: every callable is timed once per repeat, in a shuffled
+  order, so a change in machine load hits all of them alike;
+  `median_ratio` then gives the median over repeats of the per-repeat
+  ratio to a reference.
+- `machine_info`: CPU model, cores, load average, versions, date.
+
+The scripts import this module by name (`benchmarks/` is `sys.path[0]`
+when a script in it runs); set `KERAS_BACKEND=tensorflow` before importing.
+"""
+
+import datetime
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+def train_step_fn(layer, learning_rate=1e-4):
+    """A compiled train step of `layer` (built): forward, backward, SGD.
+
+    The loss is `mean(y^2)` plus the layer's `add_loss` terms of the call
+    (attention losses run only with `training=True`).
+    """
+    optimizer = keras.optimizers.SGD(learning_rate)
+    variables = layer.trainable_variables
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        with tf.GradientTape() as tape:
+            y = layer(x, x, training=True)
+            loss = tf.reduce_mean(tf.square(tf.cast(y, "float32")))
+            for term in layer.losses:
+                loss = loss + tf.cast(term, "float32")
+        grads = tape.gradient(loss, variables)
+        pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+        optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
+        return loss
+
+    return step
+
+
+def infer_fn(layer):
+    """A compiled forward pass of `layer`, `training=False`."""
+
+    @tf.function(jit_compile=True)
+    def forward(x):
+        return tf.reduce_sum(tf.cast(layer(x, x, training=False), "float32"))
+
+    return forward
+
+
+def matmul_fn(size):
+    """A compiled dense `(size, size) @ (size, size)` float32 matmul.
+
+    Returns `(call, flops)`: a zero-argument callable and its FLOP count
+    `2 size^3`.
+    """
+    rng = np.random.default_rng(1)
+    a = tf.constant(rng.normal(size=(size, size)), "float32")
+    b = tf.constant(rng.normal(size=(size, size)), "float32")
+
+    @tf.function(jit_compile=True)
+    def matmul(a, b):
+        return tf.reduce_sum(tf.matmul(a, b))
+
+    return (lambda: matmul(a, b)), 2.0 * size**3
+
+
+def warm_up(call, times=2):
+    """Runs `call` `times` times (the first call compiles)."""
+    for _ in range(times):
+        np.asarray(call())
+
+
+def steps_for(call, min_time):
+    """Steps per timing so that one timing takes about `min_time` seconds."""
+    start = time.perf_counter()
+    np.asarray(call())
+    once = time.perf_counter() - start
+    return max(1, int(min_time / max(once, 1e-6)))
+
+
+def time_alternating(calls, repeats, steps, seed=0):
+    """Seconds per step of every callable, one value per repeat.
+
+    Args:
+        calls: dict `label -> callable()` returning a tensor (compiled and
+            warmed up).
+        repeats: int. Each repeat times every callable once, in an order
+            shuffled per repeat.
+        steps: int, or dict `label -> int`: calls per timing (the result
+            is fetched once at the end of the timing).
+        seed: int. Seed of the shuffles.
+
+    Returns:
+        dict `label -> list` of seconds per step, in repeat order.
+    """
+    shuffler = random.Random(seed)
+    times = {label: [] for label in calls}
+    order = list(calls)
+    for _ in range(repeats):
+        shuffler.shuffle(order)
+        for label in order:
+            call = calls[label]
+            count = steps[label] if isinstance(steps, dict) else steps
+            start = time.perf_counter()
+            for _ in range(count):
+                out = call()
+            np.asarray(out)
+            times[label].append((time.perf_counter() - start) / count)
+    return times
+
+
+def median_ratio(times, label, reference):
+    """Median over repeats of `times[label] / times[reference]`."""
+    return statistics.median(
+        a / b for a, b in zip(times[label], times[reference])
+    )
+
+
+def median_time(times, label):
+    """Median seconds per step of `label`."""
+    return statistics.median(times[label])
+
+
+def cpu_model():
+    """CPU model name from `/proc/cpuinfo` (or `platform.processor()`)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cpu_flags():
+    """The vector extensions among the CPU flags (avx2, fma, avx512f)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    wanted = ("avx2", "fma", "avx512f")
+                    return [flag for flag in wanted if flag in flags]
+    except OSError:
+        pass
+    return []
+
+
+def load_average():
+    """The 1/5/15-minute load averages, formatted."""
+    try:
+        return " / ".join(f"{value:.2f}" for value in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def machine_info():
+    """dict describing the machine, backend, versions and date."""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M UTC"
+        ),
+        "cpu": cpu_model(),
+        "cpu_flags": ", ".join(cpu_flags()) or "none listed",
+        "nproc": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "arch": platform.machine(),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "numpy": np.__version__,
+        "backend": keras.backend.backend(),
+        "load": load_average(),
+        "argv": " ".join(sys.argv),
+    }

@@ -1,0 +1,600 @@
+"""Benchmark suite: every attention variant and loss against keras MHA.
+
+One self-attention layer (query = key = value = x, float32, no mask) per
+configuration, TensorFlow backend with XLA (`jit_compile=True`):
+
+- variants: `keras.layers.MultiHeadAttention` (the reference),
+  `DoublyNormalizedAttention`, `HybridAttention` (mix 0.5),
+  `GumbelDiscreteAttention` (relaxed sample in training, argmax at
+  inference);
+- losses, attached with `attention_losses=[...]` to
+  `HybridAttention(hybrid_init=0.0)` and compared with the same layer
+  without loss: `AttentionGuidanceRegularizer(default_head_patterns(N),
+  alpha=1.0)` and `KQAlignment(method)` for gan, ct, ot, mmd.
+
+Per sequence length S and mode (train: forward, backward of `mean(y^2)`
+plus the attached loss terms, SGD update; infer: forward with
+`training=False`), all configurations and a dense matmul are built in one
+process and timed alternately (order shuffled per repeat); a cell is the
+median over repeats of the per-repeat ratio to keras MHA. Achieved FLOP/s =
+analytic matmul FLOPs of the layer / step time, relative to the matmul
+FLOP/s of the same repeat. Peak memory = peak RSS increase during one step,
+measured in a fresh subprocess (glibc mmap threshold fixed so freed
+buffers leave the process) by resetting the RSS high-water mark
+(`/proc/self/clear_refs`) before the step and reading `VmHWM` after it.
+
+Usage:
+
+    python benchmarks/suite.py --output benchmarks/results.md   # full
+    python benchmarks/suite.py --quick --output /tmp/quick.md   # CI, < 60 s
+"""
+
+import argparse
+import functools
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+if "--quick" in sys.argv:
+    # Smoke run: unoptimized XLA code generation compiles ~2x faster.
+    os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+# Every configuration gets its own tf.function: silence retracing warnings.
+tf.get_logger().setLevel("ERROR")
+
+# `benchmarks/` is sys.path[0] when this script runs.
+from harness import infer_fn  # noqa: E402
+from harness import load_average  # noqa: E402
+from harness import machine_info  # noqa: E402
+from harness import matmul_fn  # noqa: E402
+from harness import median_ratio  # noqa: E402
+from harness import median_time  # noqa: E402
+from harness import steps_for  # noqa: E402
+from harness import time_alternating  # noqa: E402
+from harness import train_step_fn  # noqa: E402
+from harness import warm_up  # noqa: E402
+
+import keras_attnvariants as kav  # noqa: E402
+from keras_attnvariants.losses import default_head_patterns  # noqa: E402
+
+REFERENCE = "keras MHA"
+NO_LOSS = "HybridAttention(hybrid_init=0.0)"
+MATMUL = "dense matmul"
+KQ_METHODS = ("gan", "ct", "ot", "mmd")
+MODES = ("train", "infer")
+# glibc: serve every allocation >= 128 KiB with mmap (a fixed threshold
+# turns off the dynamic one), so freed tensors leave the RSS.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+
+
+def configurations(heads, key_dim):
+    """`(label, group, factory)` of every configuration.
+
+    group `"variant"` rows are compared with keras MHA; group `"loss"`
+    rows are `HybridAttention(hybrid_init=0.0)` with one attached loss
+    (or none: the `NO_LOSS` row they are compared with).
+    """
+
+    def hybrid0(*losses):
+        return kav.HybridAttention(
+            heads, key_dim, hybrid_init=0.0, attention_losses=list(losses)
+        )
+
+    rows = [
+        (
+            REFERENCE,
+            "variant",
+            lambda: keras.layers.MultiHeadAttention(heads, key_dim, seed=0),
+        ),
+        (
+            "DoublyNormalizedAttention",
+            "variant",
+            lambda: kav.DoublyNormalizedAttention(heads, key_dim, seed=0),
+        ),
+        (
+            "HybridAttention",
+            "variant",
+            lambda: kav.HybridAttention(heads, key_dim, seed=0),
+        ),
+        (
+            "GumbelDiscreteAttention",
+            "variant",
+            lambda: kav.GumbelDiscreteAttention(heads, key_dim, seed=0),
+        ),
+        (NO_LOSS, "loss", hybrid0),
+        (
+            "+ AttentionGuidanceRegularizer",
+            "loss",
+            lambda: hybrid0(
+                kav.AttentionGuidanceRegularizer(
+                    default_head_patterns(heads), alpha=1.0
+                )
+            ),
+        ),
+    ]
+    for method in KQ_METHODS:
+        rows.append(
+            (
+                f"+ KQAlignment({method})",
+                "loss",
+                functools.partial(
+                    lambda m: hybrid0(kav.KQAlignment(method=m)), method
+                ),
+            )
+        )
+    return rows
+
+
+def runs_in(mode, label, group):
+    """Attached losses only run in training: infer times the others."""
+    return mode == "train" or group == "variant" or label == NO_LOSS
+
+
+def attention_flops(batch, length, dim, mode, label):
+    """Analytic matmul FLOPs of one self-attention step.
+
+    Forward: Q, K, V and output projections `4 * 2 B S D^2`, scores
+    `Q K^T` `2 B S^2 D` and combine `A V` `2 B S^2 D` (summed over heads,
+    `D = N H`); the Gumbel argmax inference gathers one value row per
+    query instead of `A V`. Train = 3x forward (backward = 2x forward).
+    Normalizations and loss terms are not counted: their cost shows as a
+    lower achieved FLOP/s.
+    """
+    projections = 8 * batch * length * dim * dim
+    scores = 2 * batch * length * length * dim
+    combine = scores
+    if mode == "infer" and label == "GumbelDiscreteAttention":
+        combine = 0
+    forward = projections + scores + combine
+    return float(forward if mode == "infer" else 3 * forward)
+
+
+def batch_for(args, length):
+    """Batch size at `length` (`--long-batch` from `--long-from` on)."""
+    if args.long_from and length >= args.long_from:
+        return min(args.batch, args.long_batch)
+    return args.batch
+
+
+def inputs(batch, length, dim):
+    return tf.constant(
+        np.random.default_rng(0).normal(size=(batch, length, dim)),
+        "float32",
+    )
+
+
+def compiled_step(factory, mode, x):
+    """`(layer, call)`: a built layer and its compiled step on `x`."""
+    layer = factory()
+    # Build on a short slice (weights do not depend on S); training=True
+    # also builds the attached losses' own weights (GAN adversary).
+    layer(x[:1, :8], x[:1, :8], training=mode == "train")
+    fn = train_step_fn(layer) if mode == "train" else infer_fn(layer)
+    return layer, functools.partial(fn, x)
+
+
+def log(message, start):
+    print(f"[{time.perf_counter() - start:7.1f}s] {message}", file=sys.stderr)
+
+
+def time_length(args, length, start, memory):
+    """Timing results of one sequence length, per mode.
+
+    Returns dict `mode -> {"times": {label: [s]}, "steps": int, ...}`.
+    With `--memory inprocess`, also fills `memory[length][label][mode]`
+    (the first step after compiling, measured in this process).
+    """
+    batch = batch_for(args, length)
+    x = inputs(batch, length, args.dim)
+    key_dim = args.dim // args.heads
+    results = {}
+    memory.setdefault(length, {})
+    for label, _, _ in configurations(args.heads, key_dim):
+        memory[length].setdefault(label, {})
+    for mode in MODES:
+        calls = {}
+        for label, group, factory in configurations(args.heads, key_dim):
+            if not runs_in(mode, label, group):
+                continue
+            layer, call = compiled_step(factory, mode, x)
+            warm_up(call, times=1)  # compile
+            if args.memory == "inprocess":
+                memory[length][label][mode] = peak_increase_mib(call)
+            if mode == "infer" and layer.losses:
+                raise RuntimeError(f"{label} added losses at inference")
+            if mode == "train" and group == "loss" and label != NO_LOSS:
+                if not layer.losses:
+                    raise RuntimeError(f"{label} added no loss in training")
+            calls[label] = call
+        matmul, matmul_flops = matmul_fn(args.matmul_size)
+        warm_up(matmul)
+        calls[MATMUL] = matmul
+        steps = dict.fromkeys(calls, steps_for(calls[REFERENCE], args.min_time))
+        steps[MATMUL] = steps_for(matmul, args.min_time)
+        log(
+            f"{mode} S={length} B={batch}: {len(calls)} compiled, "
+            f"{steps[REFERENCE]} steps/timing, load {load_average()}",
+            start,
+        )
+        times = time_alternating(calls, args.repeats, steps, seed=length)
+        results[mode] = {
+            "times": times,
+            "steps": steps[REFERENCE],
+            "batch": batch,
+            "matmul_flops": matmul_flops,
+        }
+        del calls
+        gc.collect()
+    return results
+
+
+def read_status():
+    """`(VmRSS, VmHWM)` of this process in KiB."""
+    values = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key = line.split(":", 1)[0]
+            if key in ("VmRSS", "VmHWM"):
+                values[key] = int(line.split()[1])
+    return values["VmRSS"], values["VmHWM"]
+
+
+def peak_increase_mib(call):
+    """Peak RSS increase (MiB) during one `call()` over the RSS before."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    before, _ = read_status()
+    np.asarray(call())
+    _, peak = read_status()
+    return (peak - before) / 1024.0
+
+
+def memory_child(args):
+    """Peak memory per configuration, mode and S; prints one JSON line."""
+    out = {}
+    key_dim = args.dim // args.heads
+    for length in args.lengths:
+        x = inputs(batch_for(args, length), length, args.dim)
+        out[length] = {}
+        for label, group, factory in configurations(args.heads, key_dim):
+            out[length][label] = {}
+            for mode in MODES:
+                if not runs_in(mode, label, group):
+                    continue
+                _, call = compiled_step(factory, mode, x)
+                np.asarray(call())  # compile
+                out[length][label][mode] = peak_increase_mib(call)
+                del call
+                gc.collect()
+    print("MEMORY-JSON " + json.dumps(out))
+
+
+def measure_memory(args, start):
+    """Runs `memory_child` in a fresh subprocess; dict or an error str."""
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--memory-child",
+        "--batch",
+        str(args.batch),
+        "--dim",
+        str(args.dim),
+        "--heads",
+        str(args.heads),
+        "--long-batch",
+        str(args.long_batch),
+        "--long-from",
+        str(args.long_from),
+        "--lengths",
+        *map(str, args.lengths),
+    ]
+    env = dict(os.environ, **MALLOC_ENV)
+    log("memory: fresh subprocess", start)
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        if line.startswith("MEMORY-JSON "):
+            raw = json.loads(line[len("MEMORY-JSON ") :])
+            return {int(k): v for k, v in raw.items()}
+    tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+    return f"memory subprocess failed (rc {done.returncode}): {tail}"
+
+
+def flops_ratio(result, mode, label, length, dim):
+    """Median over repeats of (layer FLOP/s) / (matmul FLOP/s)."""
+    times = result["times"]
+    flops = attention_flops(result["batch"], length, dim, mode, label)
+    return statistics.median(
+        (flops / t) / (result["matmul_flops"] / m)
+        for t, m in zip(times[label], times[MATMUL])
+    )
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |"]
+    lines.append("|" + "---|" * len(header))
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def length_header(args, results, modes):
+    header = ["configuration"]
+    for length in args.lengths:
+        batch = results[length]["train"]["batch"]
+        note = "" if batch == args.batch else f", B={batch}"
+        header += [f"S={length}{note} {mode}" for mode in modes]
+    return header
+
+
+def report(args, info, results, memory, load_end, elapsed):
+    """The Markdown report."""
+    key_dim = args.dim // args.heads
+    labels = [
+        (label, group)
+        for label, group, _ in configurations(args.heads, key_dim)
+    ]
+    dash = "–"
+    parts = [
+        "# keras_attnvariants benchmark suite",
+        (
+            f"- Machine: {info['cpu']} ({info['arch']}, {info['cpu_flags']}),"
+            f" nproc = {info['nproc']}.\n"
+            f"- Backend: {info['backend']} {info['tensorflow']} with XLA "
+            f"(`jit_compile=True`), keras {info['keras']}, numpy "
+            f"{info['numpy']}, Python {info['python']}.\n"
+            f"- Date: {info['date']}; wall time {elapsed / 60:.1f} min.\n"
+            f"- Load average (1/5/15 min) at start: {info['load']}; at end: "
+            f"{load_end} (the machine was shared).\n"
+            f"- Command: `{info['argv']}`"
+            + (
+                " (smoke run: unoptimized XLA code, timings meaningless)"
+                if args.quick
+                else ""
+            )
+            + ".\n"
+            f"- Shapes: self-attention, float32, batch {args.batch}, model "
+            f"dim {args.dim}, {args.heads} heads (key dim {key_dim}), no "
+            "mask"
+            + (
+                f"; batch {args.long_batch} from S={args.long_from} on "
+                "(time and memory)"
+                if args.long_from
+                and any(s >= args.long_from for s in args.lengths)
+                and args.long_batch < args.batch
+                else ""
+            )
+            + ". Layers on their default `attention_path` (the package's "
+            "pick).\n"
+            f"- Timing: per S and mode, every configuration and a "
+            f"{args.matmul_size}^3 dense matmul compiled in one process and "
+            f"timed alternately, order shuffled per repeat, {args.repeats} "
+            "repeats of about "
+            f"{args.min_time} s (at least one step); a cell is the median "
+            "over repeats of the ratio to the keras MHA time of the same "
+            "repeat."
+        ),
+    ]
+    # Step time.
+    rows = []
+    for label, group in labels:
+        row = [label]
+        for length in args.lengths:
+            for mode in MODES:
+                result = results[length][mode]
+                if label not in result["times"]:
+                    row.append(dash)
+                elif label == REFERENCE:
+                    ms = median_time(result["times"], label) * 1e3
+                    row.append(f"{ms:.1f} ms")
+                else:
+                    ratio = median_ratio(result["times"], label, REFERENCE)
+                    row.append(f"{ratio:.2f}x")
+        rows.append(row)
+    parts += [
+        "## Step time, ratio to keras MHA (keras MHA row: median time)",
+        table(length_header(args, results, MODES), rows),
+        (
+            f"{dash}: attached losses run only with `training=True` (the "
+            "suite checks that none is added at inference), so their "
+            f"inference is the `{NO_LOSS}` row."
+        ),
+    ]
+    # Loss overhead.
+    rows = []
+    for label, group in labels:
+        if group != "loss" or label == NO_LOSS:
+            continue
+        row = [label]
+        for length in args.lengths:
+            result = results[length]["train"]
+            ratio = median_ratio(result["times"], label, NO_LOSS)
+            row.append(f"{ratio:.2f}x")
+        rows.append(row)
+    parts += [
+        f"## Loss overhead: train step ratio to `{NO_LOSS}` without loss",
+        table(length_header(args, results, ["train"]), rows),
+    ]
+    # Memory.
+    if isinstance(memory, dict) and memory:
+        rows = []
+        for label, group in labels:
+            row = [label]
+            for length in args.lengths:
+                cell = memory[length][label]
+                row += [
+                    f"{cell[mode]:.1f}" if mode in cell else dash
+                    for mode in MODES
+                ]
+            rows.append(row)
+        parts += [
+            "## Peak memory: RSS increase during one step (MiB)",
+            table(length_header(args, results, MODES), rows),
+            (
+                (
+                    "Fresh subprocess, glibc `MALLOC_MMAP_THRESHOLD_=131072`; "
+                    if args.memory == "subprocess"
+                    else "In the timing process (approximate: freed heap "
+                    "memory is reused without raising the RSS); "
+                )
+                + "per configuration the RSS high-water mark is reset "
+                "(`/proc/self/clear_refs`) after compiling and read "
+                "(`VmHWM`) after one step. One (B, N, S, S) float32 tensor "
+                "is "
+                + ", ".join(
+                    f"{batch_for(args, s) * args.heads * s * s * 4 / 2**20:.0f}"
+                    f" MiB at S={s}"
+                    for s in args.lengths
+                )
+                + "."
+            ),
+        ]
+    else:
+        parts += ["## Peak memory", f"Not measured: {memory}."]
+    # FLOP/s.
+    rows = []
+    for label, group in labels:
+        row = [label]
+        for length in args.lengths:
+            for mode in MODES:
+                result = results[length][mode]
+                if label not in result["times"]:
+                    row.append(dash)
+                    continue
+                ratio = flops_ratio(result, mode, label, length, args.dim)
+                row.append(f"{100 * ratio:.1f}%")
+        rows.append(row)
+    row = [f"{MATMUL} (GFLOP/s)"]
+    for length in args.lengths:
+        for mode in MODES:
+            result = results[length][mode]
+            seconds = median_time(result["times"], MATMUL)
+            row.append(f"{result['matmul_flops'] / seconds / 1e9:.1f}")
+    rows.append(row)
+    parts += [
+        "## Achieved FLOP/s, relative to a dense matmul",
+        table(length_header(args, results, MODES), rows),
+        (
+            "Analytic matmul FLOPs of the layer (projections `8 B S D^2`, "
+            "`Q K^T` and `A V` `2 B S^2 D` each; train = 3x forward; the "
+            "Gumbel argmax inference gathers instead of `A V`) divided by "
+            "the step time, over the FLOP/s of the "
+            f"{args.matmul_size}^3 float32 matmul (`2 n^3` FLOPs, XLA) of "
+            "the same repeat; median over repeats. Normalization and loss "
+            "work is not counted, so it shows as a lower percentage."
+        ),
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes (CI smoke run)"
+    )
+    parser.add_argument("--output", help="write the Markdown report here")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", default=[128, 512, 1024, 2048]
+    )
+    parser.add_argument(
+        "--long-batch",
+        type=int,
+        default=2,
+        help="batch from --long-from on (time and memory)",
+    )
+    parser.add_argument(
+        "--long-from",
+        type=int,
+        default=2048,
+        help="first S that uses --long-batch (0: never)",
+    )
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=0.2,
+        help="seconds per timing (sets the step count; at least 1 step)",
+    )
+    parser.add_argument("--matmul-size", type=int, default=1024)
+    parser.add_argument(
+        "--memory",
+        choices=["subprocess", "inprocess", "off"],
+        default=None,
+        help="peak memory in a fresh subprocess (default), in this process "
+        "(approximate; default with --quick) or not at all",
+    )
+    parser.add_argument(
+        "--memory-child", action="store_true", help=argparse.SUPPRESS
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batch, args.dim, args.heads = 2, 32, 4
+        args.lengths, args.repeats, args.min_time = [32, 64], 3, 0.02
+        args.matmul_size = 256
+    if args.memory is None:
+        args.memory = "inprocess" if args.quick else "subprocess"
+    for name in ("batch", "dim", "heads", "repeats", "matmul_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.dim % args.heads:
+        parser.error(f"--dim ({args.dim}) must be a multiple of --heads")
+    if min(args.lengths) < 8:
+        parser.error("--lengths must be >= 8")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    keras.utils.set_random_seed(0)
+    if args.memory_child:
+        memory_child(args)
+        return
+    start = time.perf_counter()
+    info = machine_info()
+    log(f"load average {info['load']}", start)
+    results = {}
+    memory = {}
+    for length in args.lengths:
+        results[length] = time_length(args, length, start, memory)
+        if args.output:  # partial report, in case the run is cut short
+            done = argparse.Namespace(**vars(args))
+            done.lengths = list(results)
+            partial = memory if args.memory == "inprocess" else "pending"
+            text = report(
+                done,
+                info,
+                results,
+                partial,
+                load_average(),
+                time.perf_counter() - start,
+            )
+            with open(args.output, "w") as f:
+                f.write(text)
+    load_end = load_average()
+    if args.memory == "off":
+        memory = "skipped (--memory off)"
+    elif args.memory == "subprocess":
+        memory = measure_memory(args, start)
+    text = report(
+        args, info, results, memory, load_end, time.perf_counter() - start
+    )
+    print(text)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    log("done", start)
+
+
+if __name__ == "__main__":
+    main()
