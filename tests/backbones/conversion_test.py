@@ -1,3 +1,4 @@
+import os
 import re
 import sys
 from unittest import mock
@@ -135,6 +136,36 @@ class ConvertBackboneTest(TestCase):
             sequence_output(original, padded)[valid],
             atol=1e-5,
         )
+
+    @parameterized.named_parameters(ENCODER_CASES)
+    def test_keras_and_saved_model_round_trips(self, name):
+        original = self.originals[name]
+        converted = convert_backbone(
+            original, kav.DoublyNormalizedAttention, iterations=2
+        )
+        data = backbone_inputs(original)
+        expected = sequence_output(converted, data)
+        path = os.path.join(self.get_temp_dir(), f"{name}.keras")
+        converted.save(path)
+        reloaded = keras.saving.load_model(path)
+        self.assertIsInstance(reloaded, type(original))
+        layers = self_attention_layers(reloaded)
+        self.assertTrue(
+            all(type(x) is kav.DoublyNormalizedAttention for x in layers)
+        )
+        self.assertTrue(all(x.iterations == 2 for x in layers))
+        self.assertAllClose(sequence_output(reloaded, data), expected, atol=0)
+        if keras.backend.backend() != "tensorflow":
+            return
+        import tensorflow as tf
+
+        export_dir = os.path.join(self.get_temp_dir(), f"{name}_saved")
+        converted.export(export_dir, verbose=False)
+        loaded = tf.saved_model.load(export_dir)
+        served = loaded.serve({k: tf.constant(v) for k, v in data.items()})
+        if isinstance(served, dict):
+            served = served["sequence_output"]
+        self.assertAllClose(np.asarray(served), expected, atol=1e-6)
 
     @parameterized.named_parameters(ENCODER_CASES)
     def test_padding_invariance_dnas_and_hnas(self, name):
