@@ -4,16 +4,22 @@ Two identical softmax-attention encoders (this package's `VariantAttention`
 base, explicit path) train on the same batch; one carries a shared
 `AttentionGuidanceRegularizer` (paper default head map) on every layer.
 Timed blocks of compiled `train_on_batch` steps alternate between the two
-models; the ratio of the medians is reported.
+models (`harness.time_alternating`, order shuffled per repeat); the ratio
+of the medians is reported.
 
     python benchmarks/guidance_overhead.py [--quick]
 """
 
 import argparse
-import time
+import functools
 
 import keras
 import numpy as np
+
+# `benchmarks/` is sys.path[0] when this script runs.
+from harness import median_time
+from harness import time_alternating
+from harness import warm_up
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.losses.attention_guidance import (
@@ -80,18 +86,15 @@ def main():
     mask = real[:, :, None] & real[:, None, :]
     y = np.zeros_like(x)
     models = {"plain": encoder(args, False), "guided": encoder(args, True)}
-    for model in models.values():
-        for _ in range(3):  # trace, compile and warm up
-            model.train_on_batch([x, mask], y)
-    times = {name: [] for name in models}
-    for _ in range(repeats):
-        for name, model in models.items():
-            start = time.perf_counter()
-            for _ in range(steps):
-                model.train_on_batch([x, mask], y)
-            times[name].append((time.perf_counter() - start) / steps)
-    plain = float(np.median(times["plain"]))
-    guided = float(np.median(times["guided"]))
+    calls = {
+        name: functools.partial(model.train_on_batch, [x, mask], y)
+        for name, model in models.items()
+    }
+    for call in calls.values():
+        warm_up(call, times=3)  # trace, compile and warm up
+    times = time_alternating(calls, repeats, steps)
+    plain = median_time(times, "plain")
+    guided = median_time(times, "guided")
     print(
         f"backend {keras.backend.backend()}, {args.layers} layers, hidden "
         f"{args.hidden}, {args.heads} heads, batch {args.batch_size} x "

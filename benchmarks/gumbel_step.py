@@ -21,12 +21,11 @@ Usage:
 """
 
 import argparse
+import functools
 import os
 import platform
 import random
-import statistics
 import sys
-import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -34,6 +33,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+# `benchmarks/` is sys.path[0] when this script runs.
+from harness import compiled_infer  # noqa: E402
+from harness import compiled_train_step  # noqa: E402
+from harness import load_average_1min as load_average  # noqa: E402
+from harness import median_ratio  # noqa: E402
+from harness import median_time  # noqa: E402
+from harness import steps_for  # noqa: E402
+from harness import time_alternating  # noqa: E402
+from harness import warm_up  # noqa: E402
 
 from keras_attnvariants.layers.gumbel_discrete_attention import (  # noqa: E402
     GumbelDiscreteAttention,
@@ -47,33 +56,6 @@ def make_layer(options, num_heads, key_dim):
     if options is None:
         return keras.layers.MultiHeadAttention(num_heads, key_dim, seed=0)
     return GumbelDiscreteAttention(num_heads, key_dim, seed=0, **options)
-
-
-def train_step_fn(layer, xla):
-    """A compiled train step: forward, backward, SGD update."""
-    optimizer = keras.optimizers.SGD(1e-4)
-    variables = layer.trainable_variables
-
-    @tf.function(jit_compile=xla)
-    def step(x):
-        with tf.GradientTape() as tape:
-            y = layer(x, x, training=True)
-            loss = tf.reduce_mean(tf.square(y))
-        grads = tape.gradient(loss, variables)
-        optimizer.apply(grads, variables)
-        return loss
-
-    return step
-
-
-def infer_fn(layer, xla):
-    """A compiled forward pass."""
-
-    @tf.function(jit_compile=xla)
-    def forward(x):
-        return tf.reduce_sum(layer(x, x, training=False))
-
-    return forward
 
 
 def variants(mode):
@@ -92,47 +74,32 @@ def variants(mode):
 
 
 def compiled(mode, options, x, num_heads, xla):
-    """A built layer's compiled, warmed-up step function."""
+    """A built layer's compiled, warmed-up step, as a zero-argument call."""
     layer = make_layer(options, num_heads, x.shape[-1] // num_heads)
     layer(x, x)  # build
-    fn = train_step_fn(layer, xla) if mode == "train" else infer_fn(layer, xla)
-    fn(x).numpy()  # compile
-    fn(x).numpy()  # warm up
-    return fn
+    if mode == "train":
+        fn = compiled_train_step(layer, xla)
+    else:
+        fn = compiled_infer(layer, xla)
+    call = functools.partial(fn, x)
+    warm_up(call)  # compile, warm up
+    return call
 
 
 def measure(mode, x, num_heads, repeats, min_time, xla):
     """Median time per step (s), median ratio to MHA, steps per timing."""
-    fns = {
+    calls = {
         label: compiled(mode, options, x, num_heads, xla)
         for label, options in variants(mode)
     }
-    start = time.perf_counter()
-    fns[REFERENCE](x).numpy()
-    once = time.perf_counter() - start
-    steps = max(1, int(min_time / max(once, 1e-6)))
-    times = {label: [] for label in fns}
-    ratios = {label: [] for label in fns}
-    order = list(fns)
-    for _ in range(repeats):
-        random.shuffle(order)
-        this_repeat = {}
-        for label in order:
-            fn = fns[label]
-            start = time.perf_counter()
-            for _ in range(steps):
-                out = fn(x)
-            out.numpy()
-            this_repeat[label] = (time.perf_counter() - start) / steps
-        for label, seconds in this_repeat.items():
-            times[label].append(seconds)
-            ratios[label].append(seconds / this_repeat[REFERENCE])
+    steps = steps_for(calls[REFERENCE], min_time)
+    times = time_alternating(calls, repeats, steps, seed=random.random())
     results = {
         label: (
-            statistics.median(times[label]),
-            statistics.median(ratios[label]),
+            median_time(times, label),
+            median_ratio(times, label, REFERENCE),
         )
-        for label in fns
+        for label in calls
     }
     return results, steps
 
@@ -202,14 +169,6 @@ def parse_args(argv):
         args.lengths, args.repeats, args.min_time = [32], 3, 0.01
         args.no_xla = True  # XLA compiles dominate a smoke run
     return args
-
-
-def load_average():
-    """The 1-minute load average, or `None` where unavailable."""
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
 
 
 def main(argv=None):

@@ -3,12 +3,14 @@
 - `train_step_fn` / `infer_fn`: one compiled (`jit_compile=True`) train step
   or forward pass of one self-attention layer. The train step minimizes
   `mean(y^2)` plus every loss the layer added with `add_loss` (attached
-  attention losses), with an SGD update.
+  attention losses), with an SGD update; `compiled_train_step` /
+  `compiled_infer` take XLA on or off.
 - `time_alternating`: every callable is timed once per repeat, in a shuffled
   order, so a change in machine load hits all of them alike;
   `median_ratio` then gives the median over repeats of the per-repeat
   ratio to a reference.
-- `machine_info`: CPU model, cores, load average, versions, date.
+- `machine_info`: CPU model, cores, load average, versions, date;
+  `load_average_1min`: the 1-minute load average alone.
 
 The scripts import this module by name (`benchmarks/` is `sys.path[0]`
 when a script in it runs); set `KERAS_BACKEND=tensorflow` before importing.
@@ -33,10 +35,20 @@ def train_step_fn(layer, learning_rate=1e-4):
     The loss is `mean(y^2)` plus the layer's `add_loss` terms of the call
     (attention losses run only with `training=True`).
     """
+    return compiled_train_step(layer, True, learning_rate)
+
+
+def infer_fn(layer):
+    """A compiled forward pass of `layer`, `training=False`."""
+    return compiled_infer(layer, True)
+
+
+def compiled_train_step(layer, jit_compile, learning_rate=1e-4):
+    """`train_step_fn`, with XLA on or off (`tf.function(jit_compile=...)`)."""
     optimizer = keras.optimizers.SGD(learning_rate)
     variables = layer.trainable_variables
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=jit_compile)
     def step(x):
         with tf.GradientTape() as tape:
             y = layer(x, x, training=True)
@@ -51,10 +63,10 @@ def train_step_fn(layer, learning_rate=1e-4):
     return step
 
 
-def infer_fn(layer):
-    """A compiled forward pass of `layer`, `training=False`."""
+def compiled_infer(layer, jit_compile):
+    """`infer_fn`, with XLA on or off (`tf.function(jit_compile=...)`)."""
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=jit_compile)
     def forward(x):
         return tf.reduce_sum(tf.cast(layer(x, x, training=False), "float32"))
 
@@ -167,6 +179,14 @@ def load_average():
         return " / ".join(f"{value:.2f}" for value in os.getloadavg())
     except OSError:
         return "unknown"
+
+
+def load_average_1min():
+    """The 1-minute load average, or `None` where unavailable."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def machine_info():

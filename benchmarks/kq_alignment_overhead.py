@@ -9,24 +9,33 @@ softmax head. Each aligned model shares one `KQAlignment` instance across its
 layers (as `convert_backbone` attaches it). The batch has padding (lengths
 between half and full), so the masked paths are timed.
 
-Timing: compiled `train_on_batch` steps (TensorFlow, `jit_compile=True`),
-blocks of `--steps` steps per model, the order of the models shuffled in
-every repeat; the reported ratio is the median over repeats of
-`aligned / plain` from the same repeat, so machine load hits both alike.
+Timing (`harness.time_alternating`): compiled `train_on_batch` steps
+(TensorFlow, `jit_compile=True`), blocks of `--steps` steps per model, the
+order of the models shuffled in every repeat; the reported ratio is the
+median over repeats of `aligned / plain` from the same repeat, so machine
+load hits both alike.
 
     python benchmarks/kq_alignment_overhead.py --quick     # CI smoke run
     python benchmarks/kq_alignment_overhead.py             # full, minutes
 """
 
 import argparse
+import functools
 import os
-import platform
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+
+# `benchmarks/` is sys.path[0] when this script runs.
+from harness import cpu_model  # noqa: E402
+from harness import load_average_1min  # noqa: E402
+from harness import median_ratio  # noqa: E402
+from harness import median_time  # noqa: E402
+from harness import time_alternating  # noqa: E402
+from harness import warm_up  # noqa: E402
 
 from keras_attnvariants.layers.hybrid_attention import HybridAttention  # noqa: E402
 from keras_attnvariants.losses.kq_alignment import KQAlignment  # noqa: E402
@@ -71,12 +80,9 @@ def classifier(args, method):
 
 
 def machine():
-    cores = os.cpu_count()
-    try:
-        load = ", load average %.1f" % os.getloadavg()[0]
-    except OSError:
-        load = ""
-    return f"{platform.processor() or platform.machine()}, {cores} cores{load}"
+    load = load_average_1min()
+    load = "" if load is None else f", load average {load:.1f}"
+    return f"{cpu_model()}, {os.cpu_count()} cores{load}"
 
 
 def main():
@@ -128,18 +134,13 @@ def main():
         name: classifier(args, None if name == "none" else name)
         for name in names
     }
-    for model in models.values():
-        for _ in range(2):  # trace, compile and warm up
-            model.train_on_batch(*batch)
-    times = {name: [] for name in names}
-    for _ in range(repeats):
-        for name in rng.permutation(names):
-            model = models[name]
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                model.train_on_batch(*batch)
-            times[name].append((time.perf_counter() - t0) / steps)
-    plain = np.asarray(times["none"])
+    calls = {
+        name: functools.partial(model.train_on_batch, *batch)
+        for name, model in models.items()
+    }
+    for call in calls.values():
+        warm_up(call)  # trace, compile and warm up
+    times = time_alternating(calls, repeats, steps)
     lines = [
         f"KQAlignment train-step overhead: backend {keras.backend.backend()}"
         f", jit_compile={args.jit_compile}, {machine()}.",
@@ -149,16 +150,16 @@ def main():
         "",
         "| method | ms/step (median) | ratio vs none (median) | goal |",
         "| --- | --- | --- | --- |",
-        f"| none | {1e3 * np.median(plain):.1f} | 1.00 | |",
+        f"| none | {1e3 * median_time(times, 'none'):.1f} | 1.00 | |",
     ]
     for name in args.methods:
-        ratio = float(np.median(np.asarray(times[name]) / plain))
+        ratio = median_ratio(times, name, "none")
         goal = GOALS.get(name)
         verdict = "" if goal is None else f"<= {goal:.2f}x"
         if goal is not None:
             verdict += " met" if ratio <= goal else " MISSED"
         lines.append(
-            f"| {name} | {1e3 * np.median(times[name]):.1f} | "
+            f"| {name} | {1e3 * median_time(times, name):.1f} | "
             f"{ratio:.2f}x | {verdict} |"
         )
     lines.append("")
