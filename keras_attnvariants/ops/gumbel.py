@@ -18,6 +18,7 @@ from keras import ops
 
 from keras_attnvariants.ops.masking import MASK_FILL
 
+FLOAT32_MIN = -3.4028234663852886e38
 # Clamp inside both logs of the Gumbel transform (thesis code).
 GUMBEL_EPS = 1e-20
 
@@ -115,7 +116,10 @@ def relaxed_sample(scores, noise, temperature=1.0, mask=None):
         valid key are 0.
     """
     _check_temperature(temperature)
-    logits = masked_log_softmax(scores, mask)
+    # `log_softmax(s) = s - logsumexp_j(s)` shifts each row by a constant,
+    # which the final softmax removes: the clamped logits give the same
+    # sample, gradient included, without a logsumexp pass.
+    logits = masked_logits(scores, mask)
     y = (logits + ops.cast(noise, "float32")) / ops.cast(temperature, "float32")
     if mask is not None:
         mask_b = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(y))
@@ -123,8 +127,33 @@ def relaxed_sample(scores, noise, temperature=1.0, mask=None):
     return _finish(ops.softmax(y, axis=-1), mask)
 
 
+def selection_logits(scores, mask=None):
+    """float32 scores for argmax / Gumbel-max selection.
+
+    Valid entries are clamped below at the smallest finite float32 and
+    masked ones set to `-inf`, so a masked key never wins a row that has a
+    valid key, whatever the valid scores. One elementwise pass: unlike
+    `masked_logits` there is no NaN replacement or upper clamp, which
+    selection does not need (the output is a value row, not a score).
+    """
+    x = ops.maximum(ops.cast(scores, "float32"), FLOAT32_MIN)
+    if mask is None:
+        return x
+    mask = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(x))
+    return ops.where(mask, x, float("-inf"))
+
+
 def argmax_indices(logits):
-    """`(..., T)` int32 indices of the largest logit of each row."""
+    """`(..., T)` int32 indices of the largest logit of each row.
+
+    Ties pick the first maximal key. On TensorFlow this calls `tf.argmax`
+    directly: `keras.ops.argmax` adds a pass that orders `-0.0` below
+    `0.0`, which cost a third of the argmax inference step.
+    """
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.argmax(logits, axis=-1, output_type="int32")
     return ops.cast(ops.argmax(logits, axis=-1), "int32")
 
 
@@ -177,7 +206,16 @@ def gather_values(value, indices, row_valid=None):
     """
     # value_t: (B, N, S, H); picked: (B, N, T, H)
     value_t = ops.transpose(value, (0, 2, 1, 3))
-    picked = ops.take_along_axis(value_t, ops.expand_dims(indices, -1), axis=2)
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        # `take_along_axis` lowers to a general gather with broadcast
+        # indices; the batched row gather measured 3x faster under XLA.
+        picked = tf.gather(value_t, ops.cast(indices, "int32"), batch_dims=2)
+    else:
+        picked = ops.take_along_axis(
+            value_t, ops.expand_dims(indices, -1), axis=2
+        )
     if row_valid is not None:
         keep = ops.cast(ops.expand_dims(row_valid, -1), picked.dtype)
         picked = picked * keep

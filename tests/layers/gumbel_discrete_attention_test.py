@@ -168,6 +168,42 @@ class GumbelDiscreteAttentionTest(TestCase):
         freq = to_np(w).round().mean(0)
         self.assertAllClose(freq, to_np(soft)[0], atol=0.08)
 
+    @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.function XLA")
+    def test_xla_noise_is_seeded_and_gumbel_distributed(self):
+        # Under XLA the noise comes from ThreeFry, outside it from Philox:
+        # both must reproduce with the seed and give Gumbel-max samples
+        # distributed as Cat(softmax(s)).
+        import tensorflow as tf
+
+        x, _ = padded_inputs(seed=5, batch=1, length=4)
+        big_x = np.repeat(x, 400, axis=0)
+
+        def sampler(layer):
+            @tf.function(jit_compile=True)
+            def sample(inputs):
+                return layer(
+                    inputs, inputs, return_attention_scores=True, training=True
+                )[1]
+
+            return sample
+
+        layers = [
+            GumbelDiscreteAttention(
+                **INIT, temperature=1e-3, seed=3, inference_mode="soft"
+            )
+            for _ in range(2)
+        ]
+        for layer in layers:
+            layer(x, x)
+        layers[1].set_weights(layers[0].get_weights())
+        first, second = (sampler(layer) for layer in layers)
+        a1, a2 = to_np(first(big_x)), to_np(first(big_x))
+        b1 = to_np(second(big_x))
+        self.assertAllClose(a1, b1, atol=0)
+        self.assertGreater(np.abs(a1 - a2).max(), 0.5)
+        _, soft = layers[0](x, x, return_attention_scores=True)
+        self.assertAllClose(a1.round().mean(0), to_np(soft)[0], atol=0.08)
+
     @pytest.mark.skipif(BACKEND != "tensorflow", reason="uses GradientTape")
     def test_straight_through_is_one_hot_with_gradients(self):
         import tensorflow as tf
