@@ -7,7 +7,8 @@ Timed blocks of compiled `train_on_batch` steps alternate between the two
 models (`harness.time_alternating`, order shuffled per repeat); the ratio
 of the medians is reported.
 
-    python benchmarks/guidance_overhead.py [--quick]
+    python benchmarks/guidance_overhead.py [--quick] [--xla]
+        [--layers 2 --hidden 768 --heads 12 --batch-size 8]
 """
 
 import argparse
@@ -60,7 +61,7 @@ def encoder(args, guided):
             x + keras.layers.Dense(args.hidden)(ffn)
         )
     model = keras.Model([inputs, mask], x)
-    model.compile(optimizer="adam", loss="mse")
+    model.compile(optimizer="adam", loss="mse", jit_compile=args.xla)
     return model
 
 
@@ -74,6 +75,12 @@ def main():
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument(
+        "--xla",
+        action="store_true",
+        help="compile with XLA (Keras' default on a CPU-only TensorFlow "
+        "is no XLA)",
+    )
     args = parser.parse_args()
     repeats = args.repeats or (3 if args.quick else 15)
     steps = args.steps or (3 if args.quick else 10)
@@ -98,7 +105,8 @@ def main():
     print(
         f"backend {keras.backend.backend()}, {args.layers} layers, hidden "
         f"{args.hidden}, {args.heads} heads, batch {args.batch_size} x "
-        f"{args.length}: plain {1e3 * plain:.1f} ms/step, guided "
+        f"{args.length}, XLA {args.xla}: "
+        f"plain {1e3 * plain:.1f} ms/step, guided "
         f"{1e3 * guided:.1f} ms/step, ratio {guided / plain:.3f}"
     )
 
