@@ -79,6 +79,32 @@ def distributed_uniform(shape, seed_generator):
     )
 
 
+def gumbel_training_weights(
+    scores, mask, temperature, seed_generator, straight=False
+):
+    """Training weights: a relaxed (or straight-through) Gumbel-softmax sample.
+
+    Args:
+        scores: float32 `(B, N, T, S)`.
+        mask: boolean `(B, 1, T, S)` or `None`.
+        temperature: scalar (e.g. the layer's temperature variable), floored
+            at `MIN_TEMPERATURE`.
+        seed_generator: `keras.random.SeedGenerator` (advanced per call).
+        straight: bool. One-hot forward, relaxed gradient.
+
+    Returns:
+        float32 weights shaped like `scores`.
+    """
+    noise = gumbel_from_uniform(
+        distributed_uniform(ops.shape(scores), seed_generator)
+    )
+    temperature = ops.maximum(temperature, MIN_TEMPERATURE)
+    weights = relaxed_sample(scores, noise, temperature, mask)
+    if straight:
+        weights = straight_through(weights, mask)
+    return weights
+
+
 @keras.saving.register_keras_serializable(package="keras_attnvariants")
 class GumbelDiscreteAttention(VariantAttention):
     """Discrete attention: each query reads one key's value.
@@ -247,14 +273,13 @@ class GumbelDiscreteAttention(VariantAttention):
                 scores, value, mask, return_attention_scores
             )
         if training:
-            # Relaxed (or straight-through) Gumbel-softmax sample.
-            noise = gumbel_from_uniform(
-                distributed_uniform(ops.shape(scores), self.seed_generator)
+            weights = gumbel_training_weights(
+                scores,
+                mask,
+                self.temperature,
+                self.seed_generator,
+                self.straight_through,
             )
-            temperature = ops.maximum(self.temperature, MIN_TEMPERATURE)
-            weights = relaxed_sample(scores, noise, temperature, mask)
-            if self.straight_through:
-                weights = straight_through(weights, mask)
         else:
             weights = masked_softmax(scores, mask)
         if self._losses_active(training):

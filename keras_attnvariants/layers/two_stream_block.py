@@ -3,19 +3,15 @@
 import keras
 from keras import ops
 
-from keras_attnvariants.layers.gumbel_discrete_attention import MIN_TEMPERATURE
 from keras_attnvariants.layers.gumbel_discrete_attention import (
     check_temperature,
 )
 from keras_attnvariants.layers.gumbel_discrete_attention import (
-    distributed_uniform,
+    gumbel_training_weights,
 )
 from keras_attnvariants.ops.gumbel import argmax_indices
 from keras_attnvariants.ops.gumbel import gather_values
-from keras_attnvariants.ops.gumbel import gumbel_from_uniform
-from keras_attnvariants.ops.gumbel import masked_log_softmax
-from keras_attnvariants.ops.gumbel import relaxed_sample
-from keras_attnvariants.ops.gumbel import straight_through
+from keras_attnvariants.ops.gumbel import selection_logits
 from keras_attnvariants.ops.masking import causal_mask
 from keras_attnvariants.ops.normalization import masked_softmax
 
@@ -264,15 +260,15 @@ class TwoStreamBlock(keras.layers.Layer):
         if self.model_attention == "soft":
             return masked_softmax(scores, mask), None
         if training:
-            noise = gumbel_from_uniform(
-                distributed_uniform(ops.shape(scores), self.seed_generator)
+            z = gumbel_training_weights(
+                scores,
+                mask,
+                self.temperature,
+                self.seed_generator,
+                self.straight_through,
             )
-            temperature = ops.maximum(self.temperature, MIN_TEMPERATURE)
-            z = relaxed_sample(scores, noise, temperature, mask)
-            if self.straight_through:
-                z = straight_through(z, mask)
             return z, None
-        indices = argmax_indices(masked_log_softmax(scores, mask))
+        indices = argmax_indices(selection_logits(scores, mask))
         z = ops.one_hot(indices, ops.shape(scores)[-1], dtype="float32")
         if mask is not None:
             z = ops.where(mask, z, 0.0)
