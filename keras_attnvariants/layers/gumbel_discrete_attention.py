@@ -7,7 +7,9 @@ from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.ops.gumbel import argmax_indices
 from keras_attnvariants.ops.gumbel import gather_values
 from keras_attnvariants.ops.gumbel import gumbel_from_uniform
+from keras_attnvariants.ops.gumbel import one_hot_at
 from keras_attnvariants.ops.gumbel import relaxed_sample
+from keras_attnvariants.ops.gumbel import rows_with_valid_key
 from keras_attnvariants.ops.gumbel import selection_logits
 from keras_attnvariants.ops.gumbel import straight_through
 from keras_attnvariants.ops.normalization import masked_softmax
@@ -55,14 +57,15 @@ def distributed_uniform(shape, seed_generator):
     the TensorFlow backend, inside a replica context with more than one
     replica, the replica id is folded into the drawn seed.
 
-    TensorFlow picks the stateless algorithm itself. `keras.random`'s
-    default ("auto_select") measured about 60x slower under XLA on CPU
-    (train step 18x keras MHA). Under XLA (`jit_compile=True`, what TPUs
-    run) the noise comes from the counter-based ThreeFry generator (JAX's
-    default): with Philox, the noisy softmax and its gradient took 2.9x a
-    plain softmax, with ThreeFry 1.2x (B=8, 4 heads, S=512). Outside XLA,
-    Philox (TensorFlow's CPU kernel has no ThreeFry). A seed therefore
-    reproduces the same noise within one of the two modes, not across them.
+    On TensorFlow the stateless algorithm is chosen per trace.
+    `keras.random`'s default ("auto_select") measured about 60x slower
+    under XLA on CPU (train step 18x keras MHA). Under XLA
+    (`jit_compile=True`, what TPUs run) the noise comes from the
+    counter-based ThreeFry generator (JAX's default): with Philox, the noisy
+    softmax and its gradient took 2.9x a plain softmax, with ThreeFry 1.2x
+    (B=8, 4 heads, S=512). Outside XLA, Philox (TensorFlow's CPU kernel has
+    no ThreeFry). A seed therefore reproduces the same noise within one of
+    the two modes, not across them.
     """
     if keras.backend.backend() != "tensorflow":
         return keras.random.uniform(shape, dtype="float32", seed=seed_generator)
@@ -235,18 +238,6 @@ class GumbelDiscreteAttention(VariantAttention):
         else:
             self.initial_temperature = float(value)
 
-    def _row_valid(self, mask, indices):
-        """`(B, N, T)` booleans: queries with a valid key, or `None`."""
-        if mask is None:
-            return None
-        return ops.broadcast_to(ops.any(mask, axis=-1), ops.shape(indices))
-
-    def _one_hot(self, indices, mask, size):
-        weights = ops.one_hot(indices, size, dtype="float32")
-        if mask is not None:
-            weights = ops.where(mask, weights, 0.0)
-        return weights
-
     def _compute_attention(
         self,
         query,
@@ -297,10 +288,12 @@ class GumbelDiscreteAttention(VariantAttention):
             )
         # indices: (B, N, T); output: (B, T, N, H)
         indices = argmax_indices(logits)
-        output = gather_values(value, indices, self._row_valid(mask, indices))
+        output = gather_values(
+            value, indices, rows_with_valid_key(mask, indices)
+        )
         weights = None
         if return_scores:
-            weights = self._one_hot(indices, mask, ops.shape(scores)[-1])
+            weights = one_hot_at(indices, ops.shape(scores)[-1], mask)
             weights = ops.cast(weights, self.compute_dtype)
         return output, weights
 

@@ -11,6 +11,8 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (
 )
 from keras_attnvariants.ops.gumbel import argmax_indices
 from keras_attnvariants.ops.gumbel import gather_values
+from keras_attnvariants.ops.gumbel import one_hot_at
+from keras_attnvariants.ops.gumbel import rows_with_valid_key
 from keras_attnvariants.ops.gumbel import selection_logits
 from keras_attnvariants.ops.masking import causal_mask
 from keras_attnvariants.ops.normalization import masked_softmax
@@ -269,10 +271,7 @@ class TwoStreamBlock(keras.layers.Layer):
             )
             return z, None
         indices = argmax_indices(selection_logits(scores, mask))
-        z = ops.one_hot(indices, ops.shape(scores)[-1], dtype="float32")
-        if mask is not None:
-            z = ops.where(mask, z, 0.0)
-        return z, indices
+        return one_hot_at(indices, ops.shape(scores)[-1], mask), indices
 
     def _discrete_update(self, values, z, indices, mask, output_layer):
         """`O(V_{z_i})`: a gather at inference, weighted sum in training."""
@@ -281,11 +280,7 @@ class TwoStreamBlock(keras.layers.Layer):
                 "bnts,bsnh->btnh", ops.cast(z, values.dtype), values
             )
         else:
-            row_valid = None
-            if mask is not None:
-                row_valid = ops.broadcast_to(
-                    ops.any(mask, axis=-1), ops.shape(indices)
-                )
+            row_valid = rows_with_valid_key(mask, indices)
             context = gather_values(values, indices, row_valid)
         return output_layer(context)
 

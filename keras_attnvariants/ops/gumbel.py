@@ -157,17 +157,35 @@ def argmax_indices(logits):
     return ops.cast(ops.argmax(logits, axis=-1), "int32")
 
 
+def one_hot_at(indices, size, mask=None):
+    """Exactly one-hot float32 rows `(..., T, size)` at `indices` `(..., T)`.
+
+    Entries outside `mask` (broadcastable to the result) are 0, so a row
+    with no valid key is all zeros.
+    """
+    return _finish(ops.one_hot(indices, size, dtype="float32"), mask)
+
+
+def rows_with_valid_key(mask, indices):
+    """`(B, N, T)` booleans: query rows of `mask` with a valid key, or None.
+
+    Args:
+        mask: boolean `(B, 1, T, S)` or `None`.
+        indices: `(B, N, T)` selected key indices (gives the shape).
+    """
+    if mask is None:
+        return None
+    return ops.broadcast_to(ops.any(mask, axis=-1), ops.shape(indices))
+
+
 def one_hot_argmax(scores, mask=None):
     """Exactly one-hot float32 weights at the noise-free argmax.
 
     Ties pick the first maximal key. Masked keys are never selected; a row
     with no valid key is all zeros.
     """
-    logits = masked_log_softmax(scores, mask)
-    hard = ops.one_hot(
-        argmax_indices(logits), ops.shape(logits)[-1], dtype="float32"
-    )
-    return _finish(hard, mask)
+    indices = argmax_indices(selection_logits(scores, mask))
+    return one_hot_at(indices, ops.shape(scores)[-1], mask)
 
 
 def straight_through(soft, mask=None):
@@ -183,10 +201,7 @@ def straight_through(soft, mask=None):
         a valid key), with the gradient of `soft`.
     """
     soft = ops.cast(soft, "float32")
-    hard = ops.one_hot(
-        argmax_indices(soft), ops.shape(soft)[-1], dtype="float32"
-    )
-    hard = _finish(hard, mask)
+    hard = one_hot_at(argmax_indices(soft), ops.shape(soft)[-1], mask)
     # The bracket is exactly 0 forward, so the forward value is exactly hard.
     return hard + (soft - ops.stop_gradient(soft))
 
