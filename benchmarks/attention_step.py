@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 # `benchmarks/` is sys.path[0] when this script runs.
+from harness import cpu_allocator  # noqa: E402
 from harness import infer_fn  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
@@ -164,8 +165,9 @@ def main(argv=None):
     title = (
         f"B={args.batch}, dim={args.dim}, heads={args.heads}, float32, "
         f"TensorFlow {tf.__version__} XLA, keras {keras.__version__}, "
-        f"{os.cpu_count()} CPU ({platform.machine()}), "
-        f"{args.repeats} alternating repeats, median ratio to keras MHA"
+        f"{os.cpu_count()} CPU ({platform.machine()}), CPU allocator "
+        f"{cpu_allocator()}, {args.repeats} alternating repeats, median "
+        "ratio to keras MHA"
     )
     sections = [title]
     for mode in args.modes:

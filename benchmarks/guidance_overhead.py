@@ -4,8 +4,8 @@ Two identical softmax-attention encoders (this package's `VariantAttention`
 base, explicit path) train on the same batch; one carries a shared
 `AttentionGuidanceRegularizer` (paper default head map) on every layer.
 Timed blocks of compiled `train_on_batch` steps alternate between the two
-models (`harness.time_alternating`, order shuffled per repeat); the ratio
-of the medians is reported.
+models (`harness.time_alternating`, order shuffled per repeat); reported: the median step times and the median over repeats of the
+per-repeat ratio guided / plain (machine load hits both alike).
 
     python benchmarks/guidance_overhead.py [--quick] [--xla]
         [--layers 2 --hidden 768 --heads 12 --batch-size 8]
@@ -18,6 +18,8 @@ import keras
 import numpy as np
 
 # `benchmarks/` is sys.path[0] when this script runs.
+from harness import cpu_allocator
+from harness import median_ratio
 from harness import median_time
 from harness import time_alternating
 from harness import warm_up
@@ -105,9 +107,10 @@ def main():
     print(
         f"backend {keras.backend.backend()}, {args.layers} layers, hidden "
         f"{args.hidden}, {args.heads} heads, batch {args.batch_size} x "
-        f"{args.length}, XLA {args.xla}: "
-        f"plain {1e3 * plain:.1f} ms/step, guided "
-        f"{1e3 * guided:.1f} ms/step, ratio {guided / plain:.3f}"
+        f"{args.length}, XLA {args.xla}, CPU allocator {cpu_allocator()}, "
+        f"{repeats} repeats x {steps} steps: plain {1e3 * plain:.1f} ms/step,"
+        f" guided {1e3 * guided:.1f} ms/step, median ratio "
+        f"{median_ratio(times, 'guided', 'plain'):.3f}"
     )
 
 

@@ -36,6 +36,7 @@ import tensorflow as tf  # noqa: E402
 
 # `benchmarks/` is sys.path[0] when this script runs.
 from harness import compiled_infer  # noqa: E402
+from harness import cpu_allocator  # noqa: E402
 from harness import compiled_train_step  # noqa: E402
 from harness import load_average_1min as load_average  # noqa: E402
 from harness import median_ratio  # noqa: E402
@@ -201,8 +202,8 @@ def main(argv=None):
         f"TensorFlow {tf.__version__} {'eager graph' if args.no_xla else 'XLA'}"
         f", keras {keras.__version__}, {os.cpu_count()} CPU "
         f"({platform.machine()}), 1-min load average {load_before} before / "
-        f"{load_average()} after, {args.repeats} alternating repeats, "
-        "median ratio to keras MHA"
+        f"{load_average()} after, CPU allocator {cpu_allocator()}, "
+        f"{args.repeats} alternating repeats, median ratio to keras MHA"
     )
     text = "\n\n".join([title, *sections]) + "\n"
     print(text)

@@ -189,6 +189,20 @@ def load_average_1min():
         return None
 
 
+def cpu_allocator():
+    """Which TensorFlow CPU allocator this process uses, in words.
+
+    TensorFlow's default CPU allocator takes every large buffer from
+    `malloc`; glibc serves blocks above its 32 MiB mmap ceiling with fresh
+    `mmap`s, so each such buffer is page-faulted in again on every step.
+    `TF_CPU_ALLOCATOR_USE_BFC=true` pools them (README, "CPU performance").
+    """
+    value = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "")
+    if value.lower() in ("1", "true"):
+        return "BFC pool (TF_CPU_ALLOCATOR_USE_BFC=true)"
+    return "TensorFlow default (malloc)"
+
+
 def machine_info():
     """dict describing the machine, backend, versions and date."""
     return {
@@ -207,5 +221,6 @@ def machine_info():
         "numpy": np.__version__,
         "backend": keras.backend.backend(),
         "load": load_average(),
+        "allocator": cpu_allocator(),
         "argv": " ".join(sys.argv),
     }

@@ -30,6 +30,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 # `benchmarks/` is sys.path[0] when this script runs.
+from harness import cpu_allocator  # noqa: E402
 from harness import cpu_model  # noqa: E402
 from harness import load_average_1min  # noqa: E402
 from harness import median_ratio  # noqa: E402
@@ -82,7 +83,10 @@ def classifier(args, method):
 def machine():
     load = load_average_1min()
     load = "" if load is None else f", load average {load:.1f}"
-    return f"{cpu_model()}, {os.cpu_count()} cores{load}"
+    return (
+        f"{cpu_model()}, {os.cpu_count()} cores{load}, CPU allocator "
+        f"{cpu_allocator()}"
+    )
 
 
 def main():

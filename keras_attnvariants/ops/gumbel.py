@@ -63,14 +63,38 @@ def gumbel_noise(shape, seed=None):
     return gumbel_from_uniform(uniform)
 
 
+# Bound of the clamped logits: far beyond any softmax-relevant gap, far
+# below float32 overflow.
+LOGIT_BOUND = 1e9
+
+
+@ops.custom_gradient
+def _clamp_logits(x):
+    """`x` with NaN at 0 and values clamped to `+-LOGIT_BOUND`.
+
+    The gradient passes where `|x| <= LOGIT_BOUND` (0 at NaN, +-inf and
+    clamped entries), as the autodiff of `clip(nan_to_num(x))` does, but it
+    is recomputed from `x` in the backward pass. Left to autodiff, XLA on
+    CPU kept the clamped copy and both comparison masks as full-size
+    buffers for the backward pass: two float32 and two boolean `(B, N, T,
+    S)` writes per training step.
+    """
+    clamped = ops.clip(ops.nan_to_num(x, nan=0.0), -LOGIT_BOUND, LOGIT_BOUND)
+
+    def grad(*args, upstream=None):
+        upstream = args[0] if upstream is None else upstream
+        return ops.where(ops.abs(x) <= LOGIT_BOUND, upstream, 0.0)
+
+    return clamped, grad
+
+
 def masked_logits(scores, mask=None):
     """Float32 scores clamped to `+-1e9`, masked entries at `MASK_FILL`.
 
     Enough for argmax and Gumbel-max selection, which do not change when a
     row is shifted by its logsumexp.
     """
-    x = ops.cast(scores, "float32")
-    x = ops.clip(ops.nan_to_num(x, nan=0.0), -1e9, 1e9)
+    x = _clamp_logits(ops.cast(scores, "float32"))
     if mask is not None:
         mask = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(x))
         x = ops.where(mask, x, MASK_FILL)

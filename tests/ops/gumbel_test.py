@@ -2,6 +2,7 @@ import numpy as np
 from keras import ops
 
 from keras_attnvariants.ops import gumbel
+from keras_attnvariants.testing.gradients import gradients
 from keras_attnvariants.testing.test_case import TestCase
 
 
@@ -86,6 +87,21 @@ class GumbelOpsTest(TestCase):
         out = gumbel.relaxed_sample(scores, 0.0, 1.0, mask)
         self.assertTrue(np.all(np.isfinite(ops.convert_to_numpy(out))))
         self.assertAllClose(out, [[[1.0, 0.0, 0.0, 0.0]]])
+
+    def test_clamped_logits_gradient_matches_autodiff_of_the_clamp(self):
+        # masked_logits differentiates like clip(nan_to_num(x), +-1e9):
+        # 1 inside the bound, 0 at NaN, +-inf and clamped entries.
+        scores = np.array(
+            [[3.0, -2.5, 1e9, -1e9, 2e9, -5e9, np.nan, np.inf, -np.inf]],
+            "float32",
+        )
+        upstream = np.arange(1, 10, dtype="float32")[None]
+        (grad,) = gradients(gumbel.masked_logits, upstream, scores)
+        self.assertAllEqual(grad, [[1.0, 2.0, 3.0, 4.0, 0, 0, 0, 0, 0]])
+        value = ops.convert_to_numpy(gumbel.masked_logits(scores))
+        self.assertAllEqual(
+            value, [[3.0, -2.5, 1e9, -1e9, 1e9, -1e9, 0.0, 1e9, -1e9]]
+        )
 
     def test_gather_values_equals_one_hot_weighted_sum(self):
         rng = np.random.default_rng(5)

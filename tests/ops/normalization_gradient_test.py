@@ -7,35 +7,10 @@ from keras import ops
 
 from keras_attnvariants import ops as kav_ops
 from keras_attnvariants.testing import numpy_reference as ref
+from keras_attnvariants.testing.gradients import gradients
 from keras_attnvariants.testing.test_case import TestCase
 
 FILL = -1e9
-
-
-def gradients(fn, upstream, *args):
-    """Gradients of `sum(fn(*args) * upstream)` for every argument."""
-    backend = keras.config.backend()
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        args = [tf.constant(a) for a in args]
-        with tf.GradientTape() as tape:
-            tape.watch(args)
-            loss = tf.reduce_sum(fn(*args) * upstream)
-        return [g.numpy() for g in tape.gradient(loss, args)]
-    if backend == "jax":
-        import jax
-
-        def loss(*a):
-            return (fn(*a) * upstream).sum()
-
-        grads = jax.grad(loss, argnums=tuple(range(len(args))))(*args)
-        return [np.asarray(g) for g in grads]
-    import torch
-
-    args = [torch.tensor(a, requires_grad=True) for a in args]
-    (fn(*args) * torch.tensor(upstream)).sum().backward()
-    return [a.grad.numpy() for a in args]
 
 
 def autodiff_dnas(scores, mask):
