@@ -4,8 +4,9 @@ Two identical softmax-attention encoders (this package's `VariantAttention`
 base, explicit path) train on the same batch; one carries a shared
 `AttentionGuidanceRegularizer` (paper default head map) on every layer.
 Timed blocks of compiled `train_on_batch` steps alternate between the two
-models (`harness.time_alternating`, order shuffled per repeat); reported: the median step times and the median over repeats of the
-per-repeat ratio guided / plain (machine load hits both alike).
+models (`harness.time_alternating`, order shuffled per repeat). Reported:
+the median step times and the median over repeats of the per-repeat ratio
+guided / plain (machine load hits both alike).
 
     python benchmarks/guidance_overhead.py [--quick] [--xla]
         [--layers 2 --hidden 768 --heads 12 --batch-size 8]

@@ -36,8 +36,8 @@ import tensorflow as tf  # noqa: E402
 
 # `benchmarks/` is sys.path[0] when this script runs.
 from harness import compiled_infer  # noqa: E402
-from harness import cpu_allocator  # noqa: E402
 from harness import compiled_train_step  # noqa: E402
+from harness import cpu_allocator  # noqa: E402
 from harness import load_average_1min as load_average  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402

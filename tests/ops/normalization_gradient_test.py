@@ -1,6 +1,5 @@
 """The analytic backward passes of `doubly_normalize` / `hybrid_normalize`."""
 
-import keras
 import numpy as np
 from absl.testing import parameterized
 from keras import ops
