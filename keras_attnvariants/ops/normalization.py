@@ -113,6 +113,18 @@ def _doubly_normalize_once(x, mask):
     return dnas(x)
 
 
+def _row_exp_parts(x):
+    """`e = exp(x - max_j x)` and `1 / sum_j e`: `softmax_j(x) = e * inv`.
+
+    Keeping the pair instead of the softmax lets XLA fuse the (cheap)
+    multiply into every consumer instead of storing the normalized weights
+    as one more `(B, N, T, S)` buffer.
+    """
+    top = ops.max(x, axis=-1, keepdims=True)
+    e = ops.exp(x - top)
+    return e, 1.0 / ops.sum(e, axis=-1, keepdims=True), top
+
+
 def _hybrid_once(x, mix, mask):
     """One-iteration HNAS, both normalizations in one analytic backward.
 
@@ -121,19 +133,30 @@ def _hybrid_once(x, mix, mask):
     `dD = u D (g - sum_j g D)`, and
     `du = sum (g D) - sum (g U)` summed to the shape of `u` (for a `u`
     constant along keys; the general form is used otherwise).
+
+    `U` and `D` are kept as row-exponentials times per-row reciprocals
+    (`_row_exp_parts`), not as normalized buffers.
     """
     mix_shape = tuple(mix.shape)
     per_key = bool(mix_shape) and mix_shape[-1] != 1
 
     @ops.custom_gradient
     def hybrid(x, mix):
-        unas, _ = _softmax_parts(x)
-        unas = _apply_mask(unas, mask)
-        dnas, row_scale = _dnas_parts(x, mask)
+        e_unas, inv_unas, _ = _row_exp_parts(x)
+        z = x - _column_log_normalizer(x, mask is not None)
+        e_dnas, inv_dnas, z_top = _row_exp_parts(z)
+
+        def parts():
+            unas = _apply_mask(e_unas * inv_unas, mask)
+            dnas = _apply_mask(e_dnas * inv_dnas, mask)
+            return unas, dnas
+
+        unas, dnas = parts()
         weights = unas + mix * (dnas - unas)
 
         def grad(*args, upstream=None):
             g = args[0] if upstream is None else upstream
+            unas, dnas = parts()
             if per_key:
                 du = _softmax_grad(unas, (1.0 - mix) * g)
                 dz = _softmax_grad(dnas, mix * g)
@@ -145,7 +168,9 @@ def _hybrid_once(x, mix, mask):
                 du = (1.0 - mix) * unas * (g - g_unas)
                 dz = mix * dnas * (g - g_dnas)
                 dmix = g_dnas - g_unas
-            dx = du + _dnas_grad(dz, dnas, row_scale)
+            # xi = exp(z) = e_dnas * exp(z_top), masked.
+            xi = _apply_mask(e_dnas * ops.exp(z_top), mask)
+            dx = du + dz - xi * ops.sum(dz, axis=-2, keepdims=True)
             return dx, _reduce_to_shape(dmix, mix_shape)
 
         return weights, grad
