@@ -382,20 +382,39 @@ class AttentionGuidanceRegularizer(AttentionLoss):
         pair = ops.expand_dims(
             ops.expand_dims(valid_f, -1) * ops.expand_dims(valid_f, -2), 1
         )
-        groups = {}
-        for head, name in head_map.items():
-            groups.setdefault(name, []).append(head)
-        total = 0.0
-        for name, heads in groups.items():
-            target = ops.expand_dims(self._pattern(name, valid, token_ids), 1)
-            # guided: (B, k, T, T), the heads guided toward `name`.
-            guided = _select_heads(weights, heads)
-            squared = ops.square(guided - target) * pair
-            if self.reduction == "sum":
-                total = total + ops.sum(squared, axis=(1, 2, 3))
-            else:
-                count = ops.maximum(ops.sum(pair), 1.0) * len(heads)
-                total = total + ops.sum(squared) / count
+        # One target for every head (head n's pattern, 0 on unguided heads)
+        # and a per-head weight: 1 on guided heads ("sum"), 1 / (heads on
+        # the pattern) for the per-pattern mean ("mean"), 0 elsewhere.
+        # Slicing or gathering the guided heads instead made XLA store each
+        # pattern's gradient as a full-size (B, N, T, T) pad in the
+        # backward pass; this form fuses into the weights' gradient.
+        head = ops.cast(ops.arange(ops.shape(weights)[1]), "int32")
+        target = 0.0
+        head_weight = 0.0
+        for name in sorted(set(head_map.values())):
+            heads = [h for h, n in head_map.items() if n == name]
+            # on: (N,) float, 1 on the heads guided toward `name`.
+            on = ops.cast(
+                ops.any(
+                    ops.equal(
+                        head[:, None], ops.convert_to_tensor(heads, "int32")
+                    ),
+                    axis=-1,
+                ),
+                "float32",
+            )
+            pattern = self._pattern(name, valid, token_ids)
+            target = target + on[:, None, None] * pattern[:, None]
+            share = 1.0 if self.reduction == "sum" else 1.0 / len(heads)
+            head_weight = head_weight + share * on
+        # squared: (B, N, T, T), zero on unguided heads and padding.
+        squared = (head_weight[:, None, None] * pair) * ops.square(
+            weights - target
+        )
+        if self.reduction == "sum":
+            total = ops.sum(squared, axis=(1, 2, 3))
+        else:
+            total = ops.sum(squared) / ops.maximum(ops.sum(pair), 1.0)
         return alpha * ops.mean(total)
 
     def _attention_layer_index(self, layer):
@@ -429,19 +448,6 @@ class AttentionGuidanceRegularizer(AttentionLoss):
             }
         )
         return config
-
-
-def _select_heads(weights, heads):
-    """`weights[:, heads]`: a slice for consecutive heads, else a gather.
-
-    The paper's default map guides consecutive heads; a slice lets XLA fuse
-    the guidance term into the producer of the weights instead of
-    materializing a gathered copy.
-    """
-    heads = sorted(heads)
-    if heads == list(range(heads[0], heads[-1] + 1)):
-        return weights[:, heads[0] : heads[-1] + 1]
-    return ops.take(weights, heads, axis=1)
 
 
 def guidance_attention_bias(
