@@ -195,7 +195,7 @@ def cpu_allocator():
     TensorFlow's default CPU allocator takes every large buffer from
     `malloc`; glibc serves blocks above its 32 MiB mmap ceiling with fresh
     `mmap`s, so each such buffer is page-faulted in again on every step.
-    `TF_CPU_ALLOCATOR_USE_BFC=true` pools them (README, "CPU performance").
+    `TF_CPU_ALLOCATOR_USE_BFC=true` pools them (README, "CPU notes").
     """
     value = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "")
     if value.lower() in ("1", "true"):

@@ -101,19 +101,6 @@ def masked_logits(scores, mask=None):
     return x
 
 
-def masked_log_softmax(scores, mask=None):
-    """Float32 `log_softmax` over keys; masked entries at `MASK_FILL`.
-
-    Non-finite scores (e.g. `inf` from an overflowing half-precision
-    product) are clamped to `+-1e9`, so the result is always finite.
-    """
-    x = masked_logits(scores, mask)
-    x = x - ops.logsumexp(x, axis=-1, keepdims=True)
-    if mask is not None:
-        x = ops.where(mask, x, MASK_FILL)
-    return x
-
-
 def _finish(weights, mask):
     if mask is None:
         return weights

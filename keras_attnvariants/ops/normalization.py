@@ -41,11 +41,16 @@ def _softmax32(x, mask):
     return _apply_mask(ops.softmax(x, axis=-1), mask)
 
 
-def _softmax_parts(x):
-    """Row softmax of `x` and its row `logsumexp` `(..., T, 1)`."""
+def _row_exp(x):
+    """`e = exp(x - max_j x)`, its row sums and row maxima `(..., T, 1)`."""
     top = ops.max(x, axis=-1, keepdims=True)
     e = ops.exp(x - top)
-    total = ops.sum(e, axis=-1, keepdims=True)
+    return e, ops.sum(e, axis=-1, keepdims=True), top
+
+
+def _softmax_parts(x):
+    """Row softmax of `x` and its row `logsumexp` `(..., T, 1)`."""
+    e, total, top = _row_exp(x)
     return e / total, top + ops.log(total)
 
 
@@ -120,9 +125,8 @@ def _row_exp_parts(x):
     multiply into every consumer instead of storing the normalized weights
     as one more `(B, N, T, S)` buffer.
     """
-    top = ops.max(x, axis=-1, keepdims=True)
-    e = ops.exp(x - top)
-    return e, 1.0 / ops.sum(e, axis=-1, keepdims=True), top
+    e, total, top = _row_exp(x)
+    return e, 1.0 / total, top
 
 
 def _hybrid_once(x, mix, mask):
