@@ -33,6 +33,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from keras import ops  # noqa: E402
 
+from keras_attnvariants.callbacks import TemperatureSchedule  # noqa: E402
 from keras_attnvariants.datasets.stack_language import VOCAB_SIZE  # noqa: E402
 from keras_attnvariants.datasets.stack_language import stack_language  # noqa: E402
 from keras_attnvariants.layers.two_stream_encoder import REDUCTIONS  # noqa: E402
@@ -41,6 +42,7 @@ from keras_attnvariants.ops.receptive_field import hard_receptive_fields  # noqa
 from keras_attnvariants.ops.receptive_field import precision_recall  # noqa: E402
 
 THESIS = {"precision": 0.959, "recall": 0.920}
+BOS = 1
 
 
 def positive_int(text):
@@ -56,6 +58,14 @@ def non_negative_float(text):
     value = float(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_float(text):
+    """argparse type: a float > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
     return value
 
 
@@ -79,12 +89,47 @@ def parse_args(argv=None):
     parser.add_argument(
         "--coefficient",
         type=non_negative_float,
-        default=0.1,
-        help="receptive-field regularizer weight (thesis: 0.1)",
+        default=0.006,
+        help="receptive-field regularizer weight per position (the "
+        "thesis's 0.1 is on an unstated scale; see the module docstring)",
     )
     parser.add_argument("--reduction", choices=REDUCTIONS, default="mean")
     parser.add_argument(
         "--learning-rate", type=non_negative_float, default=1e-3
+    )
+    parser.add_argument(
+        "--straight-through",
+        action="store_true",
+        help="one-hot samples in training (relaxed gradient)",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=positive_float,
+        default=1.0,
+        help="Gumbel temperature at the start (thesis: 1)",
+    )
+    parser.add_argument(
+        "--final-temperature",
+        type=positive_float,
+        help="anneal linearly per epoch to this temperature",
+    )
+    parser.add_argument(
+        "--cosine-decay",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decay the learning rate to 0 over the run (cosine)",
+    )
+    parser.add_argument(
+        "--bos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start inputs with a BOS token, as fairseq's language modeling",
+    )
+    parser.add_argument(
+        "--jit-compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="train with XLA",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", help="optional PNG: one example's fields")
@@ -102,21 +147,45 @@ def parse_args(argv=None):
     return args
 
 
-def language_model_data(num_examples, length, seed):
+def language_model_data(num_examples, length, seed, bos=True):
     """Inputs, next-token targets and true dependencies of the predictions.
 
-    Token ids are shifted by one because the encoder treats 0 as padding.
+    Token ids are shifted (0 = padding for the encoder). With `bos`, as in
+    fairseq's language modeling (the thesis's code base), the input starts
+    with a beginning-of-sequence token (id 1) and every token is a target:
+    inputs `[BOS, t_0 .. t_{L-2}]`, targets `[t_0 .. t_{L-1}]`. Without it,
+    inputs are `t_0 .. t_{L-2}` and targets `t_1 .. t_{L-1}`. Either way
+    `dependencies[b, i]` is the true receptive field of the prediction at
+    input position `i` over input positions (the BOS row and column are
+    False: BOS is not a word of the language).
     """
     data = stack_language(num_examples, length=length, seed=seed)
-    ids = data["tokens"] + 1
-    dependencies = data["dependencies"][:, :-1, :-1]
-    return ids[:, :-1], ids[:, 1:], dependencies
+    deps = data["dependencies"][:, :-1, :-1]
+    if not bos:
+        ids = data["tokens"] + 1
+        return ids[:, :-1], ids[:, 1:], deps
+    ids = data["tokens"] + 2
+    inputs = np.concatenate(
+        [np.full((num_examples, 1), BOS, "int32"), ids[:, :-1]], axis=1
+    )
+    truth = np.zeros((num_examples, length, length), bool)
+    truth[:, 1:, 1:] = deps
+    return inputs, ids, truth
 
 
-def build(args):
+def scored(fields, truth, bos):
+    """Precision / recall over the word predictions and word tokens."""
+    if bos:
+        fields, truth = fields[:, 1:, 1:], truth[:, 1:, 1:]
+    return tuple(float(v) for v in precision_recall(fields, truth))
+
+
+def build(args, steps):
+    vocab = VOCAB_SIZE + (2 if args.bos else 1)
+    length = args.length if args.bos else args.length - 1
     encoder = TwoStreamEncoder(
-        VOCAB_SIZE + 1,
-        args.length - 1,
+        vocab,
+        length,
         args.num_layers,
         d_model=args.d_model,
         num_heads=args.num_heads,
@@ -124,18 +193,25 @@ def build(args):
         mode="single_stream",
         receptive_field_coefficient=args.coefficient,
         receptive_field_reduction=args.reduction,
+        straight_through=args.straight_through,
+        temperature=args.temperature,
         seed=args.seed,
         name="encoder",
     )
-    inputs = keras.Input((args.length - 1,), dtype="int32")
+    inputs = keras.Input((length,), dtype="int32")
     hidden = encoder(inputs, use_causal_mask=True)
-    logits = keras.layers.Dense(VOCAB_SIZE + 1, name="next_token")(hidden)
+    logits = keras.layers.Dense(vocab, name="next_token")(hidden)
     model = keras.Model(inputs, logits)
     model.compile(
-        optimizer=keras.optimizers.Adam(args.learning_rate, clipnorm=1.0),
+        optimizer=keras.optimizers.Adam(
+            keras.optimizers.schedules.CosineDecay(args.learning_rate, steps)
+            if args.cosine_decay
+            else args.learning_rate,
+            clipnorm=1.0,
+        ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
-        jit_compile=False,
+        jit_compile=args.jit_compile,
     )
     return model, encoder
 
@@ -150,6 +226,24 @@ def hard_fields(encoder, inputs, batch_size=256):
         )
         fields.append(ops.convert_to_numpy(hard_receptive_fields(attentions)))
     return np.concatenate(fields)
+
+
+class FieldReport(keras.callbacks.Callback):
+    """Prints precision / recall of the argmax fields after each epoch."""
+
+    def __init__(self, encoder, inputs, truth, bos):
+        super().__init__()
+        self.encoder, self.inputs, self.truth = encoder, inputs, truth
+        self.bos = bos
+
+    def on_epoch_end(self, epoch, logs=None):
+        fields = hard_fields(self.encoder, self.inputs)
+        precision, recall = scored(fields, self.truth, self.bos)
+        print(
+            f"  epoch {epoch + 1}: precision {precision:.3f}, recall "
+            f"{recall:.3f} (first {len(self.inputs)} test)",
+            flush=True,
+        )
 
 
 def plot(fields, truth, path):
@@ -175,12 +269,28 @@ def main(argv=None):
     start = time.perf_counter()
     keras.utils.set_random_seed(args.seed)
     x_train, y_train, _ = language_model_data(
-        args.train_size, args.length, args.seed
+        args.train_size, args.length, args.seed, args.bos
     )
     x_test, y_test, truth = language_model_data(
-        args.test_size, args.length, args.seed + 1
+        args.test_size, args.length, args.seed + 1, args.bos
     )
-    model, encoder = build(args)
+    steps = args.epochs * (-(-args.train_size // args.batch_size))
+    model, encoder = build(args, steps)
+    callbacks = []
+    if args.final_temperature is not None:
+        callbacks.append(
+            TemperatureSchedule(
+                "linear",
+                initial=args.temperature,
+                final=args.final_temperature,
+                steps=max(args.epochs - 1, 1),
+                floor=min(args.temperature, args.final_temperature),
+            )
+        )
+    if not args.quick:
+        callbacks.append(
+            FieldReport(encoder, x_test[:1000], truth[:1000], args.bos)
+        )
     fit_start = time.perf_counter()
     model.fit(
         x_train,
@@ -188,20 +298,24 @@ def main(argv=None):
         batch_size=args.batch_size,
         epochs=args.epochs,
         verbose=0 if args.quick else 2,
+        callbacks=callbacks,
     )
     fit_seconds = time.perf_counter() - fit_start
     logits = model.predict(x_test, batch_size=256, verbose=0)
     accuracy = float(np.mean(np.argmax(logits, -1) == y_test))
     fields = hard_fields(encoder, x_test)
-    precision, recall = (float(v) for v in precision_recall(fields, truth))
-    sizes = fields.sum(-1).mean()
-    true_sizes = truth.sum(-1).mean()
+    precision, recall = scored(fields, truth, args.bos)
+    words = slice(1, None) if args.bos else slice(None)
+    sizes = fields[:, words, words].sum(-1).mean()
+    true_sizes = truth[:, words, words].sum(-1).mean()
     print(
         f"\nStack language, single-stream discrete transformer: train "
         f"{args.train_size} / test {args.test_size}, length {args.length}, "
         f"{args.epochs} epochs, {args.num_layers} layers, d_model "
         f"{args.d_model}, d_ff {args.d_ff}, {args.num_heads} heads, "
-        f"regularizer {args.coefficient} ({args.reduction}); trained in "
+        f"regularizer {args.coefficient} ({args.reduction}), "
+        f"{'BOS, ' if args.bos else ''}"
+        f"{'cosine decay, ' if args.cosine_decay else ''}trained in "
         f"{fit_seconds:.1f} s."
     )
     print("| metric | measured | thesis |")
@@ -210,6 +324,11 @@ def main(argv=None):
     print(f"| recall | {recall:.3f} | {THESIS['recall']} |")
     print(f"| mean field size (true) | {sizes:.2f} ({true_sizes:.2f}) | - |")
     print(f"| next-token accuracy | {accuracy:.3f} | - |")
+    if args.bos:
+        strict, _ = (
+            float(v) for v in precision_recall(fields[:, 1:], truth[:, 1:])
+        )
+        print(f"| precision counting BOS as a dependency | {strict:.3f} | - |")
     if args.plot:
         plot(fields[0], truth[0], args.plot)
     print(f"\ntotal {time.perf_counter() - start:.1f} s")

@@ -1,0 +1,84 @@
+"""Data plumbing of the thesis reproduction examples.
+
+The examples are scripts, not package modules; these tests import them by
+path and check what a wrong answer would silently corrupt: the alignment
+of inputs, targets and true dependencies, and the batches of the bucketed
+training set.
+"""
+
+import importlib.util
+import pathlib
+
+import numpy as np
+
+from keras_attnvariants.datasets.stack_language import dependencies
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_receptive_field_bos_data_aligns_inputs_targets_and_truth():
+    example = _load("thesis_receptive_field")
+    inputs, targets, truth = example.language_model_data(6, 12, seed=3)
+    assert inputs.shape == targets.shape == (6, 12)
+    assert truth.shape == (6, 12, 12)
+    np.testing.assert_array_equal(inputs[:, 0], example.BOS)
+    # Teacher forcing: input position p holds the target of position p - 1.
+    np.testing.assert_array_equal(inputs[:, 1:], targets[:, :-1])
+    # BOS is no word: it is never a dependency, and predicting the first
+    # token depends on nothing.
+    assert not truth[:, 0].any() and not truth[:, :, 0].any()
+    for row, field in zip(targets - 2, truth):
+        # Input position p >= 1 holds token p - 1 and predicts token p:
+        # its field is that of the prediction made at token p - 1, over
+        # input positions (token q sits at input position q + 1).
+        np.testing.assert_array_equal(
+            field[1:, 1:], dependencies(row)[:-1, :-1]
+        )
+
+
+def test_receptive_field_scoring_ignores_bos():
+    example = _load("thesis_receptive_field")
+    _, _, truth = example.language_model_data(4, 10, seed=0)
+    fields = truth.copy()
+    fields[:, :, 0] = True  # every prediction also "reads" BOS
+    precision, recall = example.scored(fields, truth, bos=True)
+    assert precision == recall == 1.0
+    precision, _ = example.precision_recall(fields[:, 1:], truth[:, 1:])
+    assert float(precision) < 1.0
+
+
+def test_bucketed_batches_cover_each_example_once_and_trim_padding():
+    example = _load("thesis_multiview_arithmetic")
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 60, size=200)
+    ids = np.zeros((200, 62), "int32")
+    for row, n in zip(ids, lengths):
+        row[:n] = rng.integers(1, 10, size=n)
+    other = np.roll(ids, 1, axis=0)  # a second view with other lengths
+    labels = np.arange(200)
+    batches = example.BucketedBatches(
+        {"prefix": ids, "infix": other}, labels, batch_size=8, seed=1
+    )
+    seen = []
+    for index in range(len(batches)):
+        x, y = batches[index]
+        np.testing.assert_array_equal(y["prefix"], y["infix"])
+        rows = y["prefix"]
+        width = x["prefix"].shape[1]
+        assert width == x["infix"].shape[1]
+        assert width % 16 == 0 or width == ids.shape[1]
+        for view, full in (("prefix", ids), ("infix", other)):
+            # Only padding is cut off.
+            np.testing.assert_array_equal(x[view], full[rows, :width])
+            assert not full[rows, width:].any()
+        seen.extend(rows.tolist())
+    assert len(seen) == len(set(seen))
+    # Only the remainders of the buckets are left out of an epoch.
+    assert len(seen) > 200 - 8 * len(batches.buckets)
