@@ -93,6 +93,12 @@ def parse_args(argv=None):
         help="linear warm-up steps, then inverse-sqrt decay (fairseq's "
         "inverse_sqrt); 0 = constant learning rate",
     )
+    parser.add_argument(
+        "--jit-compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="train with XLA",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--models",
@@ -106,6 +112,7 @@ def parse_args(argv=None):
     if args.quick:
         args.train_size, args.test_size, args.epochs = 400, 100, 1
         args.num_layers, args.batch_size = 1, 32
+        args.jit_compile = False  # XLA compiles cost more than tiny steps
     if args.d_model % args.num_heads:
         parser.error(
             f"--d-model must be divisible by --num-heads, got "
@@ -244,7 +251,9 @@ def build_model(views, length, args):
             clipnorm=1.0,
         ),
         loss={v: loss for v in views},
-        jit_compile=False,
+        # Each bucket width compiles once; without XLA the varying widths
+        # run as a dynamic-shape graph no faster than full padding.
+        jit_compile=args.jit_compile,
     )
     return model
 
