@@ -99,6 +99,14 @@ def parse_args(argv=None):
         default=True,
         help="train with XLA",
     )
+    parser.add_argument(
+        "--share-embeddings",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="controllers reuse the model stream's token and position "
+        "embeddings (with --no-share-embeddings each view's controller "
+        "has its own)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--models",
@@ -232,6 +240,7 @@ def build_model(views, length, args):
         num_heads=args.num_heads,
         d_ff=args.d_ff,
         num_views=len(views),
+        share_embeddings=args.share_embeddings,
         model_attention="soft",
         seed=args.seed,
         name="encoder",

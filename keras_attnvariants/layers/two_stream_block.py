@@ -54,6 +54,12 @@ class TwoStreamBlock(keras.layers.Layer):
     "two-stream transformer with soft attention" of the thesis's multiview
     arithmetic experiment, section 5.3, footnote 3).
 
+    In a stack only the model stream leaves the last block, so the last
+    block's controller update is never read: `update_controller=False`
+    builds that block without the controller's value, output and
+    feed-forward weights (which would get no gradient) and passes `g`
+    through unchanged. `TwoStreamEncoder` does this for its last block.
+
     Args:
         d_model: int. Width of both streams.
         num_heads: int. Attention heads; `d_model` must divide by it.
@@ -64,6 +70,10 @@ class TwoStreamBlock(keras.layers.Layer):
             `"two_stream"`.
         model_attention: `"discrete"` (Gumbel sample / argmax) or
             `"soft"` (the softmax `A`). Defaults to `"discrete"`.
+        update_controller: bool. Whether the block updates the controller
+            stream (two-stream mode only; `False` returns `g` as given and
+            keeps only the controller's query and key weights). Defaults
+            to `True`.
         temperature: float > 0. Gumbel-softmax temperature (a
             non-trainable variable; see `set_temperature`). Defaults to
             `1.0`.
@@ -111,6 +121,7 @@ class TwoStreamBlock(keras.layers.Layer):
         straight_through=False,
         seed=None,
         model_attention="discrete",
+        update_controller=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -140,6 +151,12 @@ class TwoStreamBlock(keras.layers.Layer):
                 f"`model_attention` must be one of {MODEL_ATTENTIONS}. "
                 f"Received: model_attention={model_attention!r}"
             )
+        if mode == "single_stream" and not update_controller:
+            raise ValueError(
+                "`update_controller` must be True in single_stream mode "
+                "(the one stream is the controller). Received: "
+                f"update_controller={update_controller!r}"
+            )
         check_temperature(temperature)
         self.d_model = d_model
         self.num_heads = num_heads
@@ -150,6 +167,7 @@ class TwoStreamBlock(keras.layers.Layer):
         self.straight_through = bool(straight_through)
         self.seed = seed
         self.model_attention = model_attention
+        self.update_controller = bool(update_controller)
         self.seed_generator = keras.random.SeedGenerator(seed)
         head = d_model // num_heads
         policy = self.dtype_policy
@@ -186,16 +204,17 @@ class TwoStreamBlock(keras.layers.Layer):
                 ),
             ]
 
-        self.controllers = [
-            {
+        self.controllers = []
+        for c in range(num_controllers):
+            parts = {
                 "query": proj(f"controller{c}_query"),
                 "key": proj(f"controller{c}_key"),
-                "value": proj(f"controller{c}_value"),
-                "output": out(f"controller{c}_output"),
-                "ffn": ffn(f"controller{c}"),
             }
-            for c in range(num_controllers)
-        ]
+            if self.update_controller:
+                parts["value"] = proj(f"controller{c}_value")
+                parts["output"] = out(f"controller{c}_output")
+                parts["ffn"] = ffn(f"controller{c}")
+            self.controllers.append(parts)
         if mode == "two_stream":
             self.model_value = proj("model_value")
             self.model_output = out("model_output")
@@ -214,10 +233,12 @@ class TwoStreamBlock(keras.layers.Layer):
         shape = tuple(shape)
         heads = (*shape[:-1], self.num_heads, self.d_model // self.num_heads)
         for parts in self.controllers:
-            for name in ("query", "key", "value"):
-                parts[name].build(shape)
-            parts["output"].build(heads)
-            self._build_ffn(parts["ffn"], shape)
+            parts["query"].build(shape)
+            parts["key"].build(shape)
+            if self.update_controller:
+                parts["value"].build(shape)
+                parts["output"].build(heads)
+                self._build_ffn(parts["ffn"], shape)
         if self.mode == "two_stream":
             self.model_value.build(shape)
             self.model_output.build(heads)
@@ -313,11 +334,12 @@ class TwoStreamBlock(keras.layers.Layer):
             return self._residual(g, update, parts["ffn"]), z
         # Controller: soft attention over its own values.
         h = inputs[1]
-        soft = ops.cast(masked_softmax(scores, mask), g.dtype)
-        g_update = parts["output"](
-            ops.einsum("bnts,bsnh->btnh", soft, parts["value"](g))
-        )
-        g = self._residual(g, g_update, parts["ffn"])
+        if self.update_controller:
+            soft = ops.cast(masked_softmax(scores, mask), g.dtype)
+            g_update = parts["output"](
+                ops.einsum("bnts,bsnh->btnh", soft, parts["value"](g))
+            )
+            g = self._residual(g, g_update, parts["ffn"])
         # Model: one value row per head and query, chosen by the controller.
         h_update = self._discrete_update(
             self.model_value(h), z, indices, mask, self.model_output
@@ -349,6 +371,7 @@ class TwoStreamBlock(keras.layers.Layer):
                 "straight_through": self.straight_through,
                 "seed": self.seed,
                 "model_attention": self.model_attention,
+                "update_controller": self.update_controller,
             }
         )
         return config

@@ -23,8 +23,11 @@ class TwoStreamEncoder(keras.layers.Layer):
     once per controller; then `num_layers` `TwoStreamBlock`s run. With
     `num_views > 1` each view has its own controllers (and controller
     embeddings) and all views share the model stream (multiview model of
-    Kinley 2020, chapter 4.2). With `receptive_field_coefficient > 0` the
-    layer adds, in training, `coefficient * mean_b size(s^L)` as a loss,
+    Kinley 2020, chapter 4.2). The last block does not update the
+    controller (only the model stream leaves the encoder; see
+    `TwoStreamBlock(update_controller=False)`). With
+    `receptive_field_coefficient > 0` the layer adds, in training,
+    `coefficient * mean_b size(s^L)` as a loss,
     where `s^L` are the soft receptive fields of the discrete samples (see
     `keras_attnvariants.ops.receptive_field`; `receptive_field_reduction`
     `"mean"` = per-position mean size, `"union"` = size of the union).
@@ -162,6 +165,8 @@ class TwoStreamEncoder(keras.layers.Layer):
                 straight_through=straight_through,
                 seed=None if seed is None else seed + i,
                 model_attention=model_attention,
+                # The last controller update would never be read.
+                update_controller=mode == "single_stream" or i < num_layers - 1,
                 name=f"block{i}",
                 dtype=policy,
             )

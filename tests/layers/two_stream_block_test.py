@@ -91,6 +91,38 @@ class TwoStreamBlockTest(TestCase):
         self.assertEqual(sum("model_value" in n for n in names), 2)
         self.assertEqual(sum("_query" in n for n in names), 4)
 
+    def test_last_block_can_skip_the_controller_update(self):
+        g, h, valid = streams(4)
+        full = TwoStreamBlock(8, 2, 16, seed=0)
+        last = TwoStreamBlock(8, 2, 16, seed=0, update_controller=False)
+        full((g, h))
+        last((g, h))
+        for name in ("query", "key"):
+            last.controllers[0][name].set_weights(
+                full.controllers[0][name].get_weights()
+            )
+        for a, b in (
+            (last.model_value, full.model_value),
+            (last.model_output, full.model_output),
+            *zip(last.model_ffn, full.model_ffn),
+        ):
+            a.set_weights(b.get_weights())
+        (g_full, h_full), z_full = full((g, h), padding_mask=valid)
+        (g_last, h_last), z_last = last((g, h), padding_mask=valid)
+        self.assertAllClose(h_last, h_full, atol=1e-6)
+        self.assertAllClose(z_last, z_full, atol=1e-6)
+        self.assertAllEqual(ops.convert_to_numpy(g_last), g)
+        self.assertNotAllClose(g_full, g)
+        names = [w.path for w in last.trainable_weights]
+        self.assertFalse(any("controller0_value" in n for n in names))
+        self.assertFalse(any("controller0_ff" in n for n in names))
+        self.assertEqual(
+            len(full.trainable_weights) - len(last.trainable_weights),
+            # value (2), output (2), two dense (4), two norms (4)
+            12,
+        )
+        self.assertFalse(last.get_config()["update_controller"])
+
     def test_single_stream_causal(self):
         _, h, _ = streams(3)
         block = TwoStreamBlock(8, 2, 16, mode="single_stream")
@@ -164,6 +196,10 @@ class TwoStreamBlockTest(TestCase):
             TwoStreamBlock(8, 2, 16, temperature=0)
         with self.assertRaisesRegex(ValueError, "model_attention"):
             TwoStreamBlock(8, 2, 16, model_attention="hard")
+        with self.assertRaisesRegex(ValueError, "update_controller"):
+            TwoStreamBlock(
+                8, 2, 16, mode="single_stream", update_controller=False
+            )
         with self.assertRaisesRegex(ValueError, "view"):
             g, h, _ = streams()
             block((g, h), view=2)

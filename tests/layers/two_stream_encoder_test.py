@@ -13,7 +13,10 @@ def classifier(encoder, views=1):
     head = keras.layers.Dense(5)
     outputs = [head(encoder(x, view=v)[:, 0]) for v, x in enumerate(inputs)]
     model = keras.Model(inputs, outputs if views > 1 else outputs[0])
-    model.compile("adam", "sparse_categorical_crossentropy", jit_compile=False)
+    # The head gives logits. (As probabilities they would be clipped, and
+    # an example whose true-class output is clipped has no gradient.)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile("adam", loss, jit_compile=False)
     return model
 
 
@@ -29,6 +32,34 @@ class TwoStreamEncoderTest(TestCase):
         )
         self.assertTrue(np.all(np.isfinite(history.history["loss"])))
         self.assert_keras_save_load_parity(model, [TOKENS, TOKENS], atol=1e-5)
+
+    def test_every_weight_learns(self):
+        # The last block has no controller update (it would never be
+        # read), so no weight is left without a gradient: one Adam step
+        # moves every trainable weight.
+        for views in (1, 2):
+            encoder = TwoStreamEncoder(
+                10, 5, 2, d_model=8, num_heads=2, d_ff=16, num_views=views
+            )
+            model = classifier(encoder, views=views)
+            labels = np.array([1, 2])
+            inputs = [TOKENS] * views if views > 1 else TOKENS
+            targets = [labels] * views if views > 1 else labels
+            model(inputs)
+            before = [
+                np.array(keras.ops.convert_to_numpy(w), copy=True)
+                for w in model.trainable_weights
+            ]
+            model.fit(inputs, targets, epochs=1, verbose=0)
+            frozen = [
+                w.path
+                for w, old in zip(model.trainable_weights, before)
+                if np.array_equal(keras.ops.convert_to_numpy(w), old)
+            ]
+            self.assertEqual(frozen, [])
+            last = encoder.blocks[-1]
+            self.assertFalse(last.update_controller)
+            self.assertTrue(encoder.blocks[0].update_controller)
 
     def test_separate_embeddings_and_config(self):
         shared = TwoStreamEncoder(10, 5, 1, d_model=8, num_heads=2, d_ff=16)
