@@ -172,11 +172,17 @@ def language_model_data(num_examples, length, seed, bos=True):
     return inputs, ids, truth
 
 
+def words(matrices, bos):
+    """`(n, T, T)` field or dependency matrices without the BOS row/column."""
+    return matrices[:, 1:, 1:] if bos else matrices
+
+
 def scored(fields, truth, bos):
     """Precision / recall over the word predictions and word tokens."""
-    if bos:
-        fields, truth = fields[:, 1:, 1:], truth[:, 1:, 1:]
-    return tuple(float(v) for v in precision_recall(fields, truth))
+    return tuple(
+        float(v)
+        for v in precision_recall(words(fields, bos), words(truth, bos))
+    )
 
 
 def build(args, steps):
@@ -304,9 +310,8 @@ def main(argv=None):
     accuracy = float(np.mean(np.argmax(logits, -1) == y_test))
     fields = hard_fields(encoder, x_test)
     precision, recall = scored(fields, truth, args.bos)
-    words = slice(1, None) if args.bos else slice(None)
-    sizes = fields[:, words, words].sum(-1).mean()
-    true_sizes = truth[:, words, words].sum(-1).mean()
+    sizes = words(fields, args.bos).sum(-1).mean()
+    true_sizes = words(truth, args.bos).sum(-1).mean()
     print(
         f"\nStack language, single-stream discrete transformer: train "
         f"{args.train_size} / test {args.test_size}, length {args.length}, "
@@ -323,7 +328,7 @@ def main(argv=None):
     print(f"| recall | {recall:.3f} | {THESIS['recall']} |")
     print(f"| mean field size (true) | {sizes:.2f} ({true_sizes:.2f}) | - |")
     print(f"| next-token accuracy | {accuracy:.3f} | - |")
-    if args.bos:
+    if args.bos:  # word rows, every column: a field on BOS counts as wrong
         strict, _ = (
             float(v) for v in precision_recall(fields[:, 1:], truth[:, 1:])
         )
