@@ -82,3 +82,23 @@ def test_bucketed_batches_cover_each_example_once_and_trim_padding():
     assert len(seen) == len(set(seen))
     # Only the remainders of the buckets are left out of an epoch.
     assert len(seen) > 200 - 8 * len(batches.buckets)
+
+
+def test_arithmetic_models_ignore_trailing_padding():
+    # Bucketed batches feed each batch at its own width: a prediction must
+    # not depend on how much padding follows the expression.
+    example = _load("thesis_multiview_arithmetic")
+    args = example.parse_args(["--quick", "--num-layers", "2"])
+    data = example.multiview_arithmetic(4, max_depth=1, seed=0)
+    length = 40
+    x = example.encode(data, length)
+    width = max(int((x[v] > 0).sum(1).max()) for v in example.VIEWS)
+    for kind, views in (
+        ("multiview", example.VIEWS),
+        ("transformer", ("infix",)),
+    ):
+        model = example.build_model(kind, views, length, args)
+        full = model.predict({v: x[v] for v in views}, verbose=0)
+        trimmed = model.predict({v: x[v][:, :width] for v in views}, verbose=0)
+        for v in views:
+            np.testing.assert_allclose(full[v], trimmed[v], atol=1e-5)
