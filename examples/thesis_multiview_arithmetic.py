@@ -9,6 +9,10 @@ mod 5, nesting depth 1-3) from their characters:
   model stream (and classifier), trained on both views at once with the sum
   of the two cross-entropies.
 
+Each controller stream has its own token and position embeddings (the
+thesis: "a separate controller stream for each of x_infix and x_prefix");
+`--share-embeddings` makes the controllers reuse the model stream's.
+
 As a control, `--models transformer-prefix transformer-infix` trains a
 standard soft-attention transformer of the same size (keras-hub
 `TransformerEncoder`, post-layer-norm, on `keras.layers.MultiHeadAttention`)
@@ -119,10 +123,10 @@ def parse_args(argv=None):
     parser.add_argument(
         "--share-embeddings",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,
         help="controllers reuse the model stream's token and position "
-        "embeddings (with --no-share-embeddings each view's controller "
-        "has its own)",
+        "embeddings (default: each view's controller stream has its own; "
+        "shared, the multiview model learned far more slowly)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
