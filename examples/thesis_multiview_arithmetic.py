@@ -259,45 +259,35 @@ def build_model(kind, views, length, args):
     controller per view. "transformer" (one view): a standard transformer
     of the same size, the control.
     """
+    inputs = {v: keras.Input((length,), dtype="int32", name=v) for v in views}
     if kind == "transformer":
         (view,) = views
-        inputs = {view: keras.Input((length,), dtype="int32", name=view)}
-        ids = inputs[view]
         x = keras_hub.layers.TokenAndPositionEmbedding(
             VOCAB_SIZE, length, args.d_model, name="embeddings"
-        )(ids)
-        padding_mask = keras.ops.not_equal(ids, 0)
+        )(inputs[view])
+        padding_mask = keras.ops.not_equal(inputs[view], 0)
         for i in range(args.num_layers):
             x = keras_hub.layers.TransformerEncoder(
                 args.d_ff, args.num_heads, name=f"block{i}"
             )(x, padding_mask=padding_mask)
-        head = keras.layers.Dense(NUM_CLASSES, name="classifier")
-        return compile_classifier(
-            keras.Model(inputs, {view: head(x[:, 0])}), views, args
+        states = {view: x}
+    else:
+        encoder = TwoStreamEncoder(
+            VOCAB_SIZE,
+            length,
+            args.num_layers,
+            d_model=args.d_model,
+            num_heads=args.num_heads,
+            d_ff=args.d_ff,
+            num_views=len(views),
+            share_embeddings=args.share_embeddings,
+            model_attention="soft",
+            seed=args.seed,
+            name="encoder",
         )
-    encoder = TwoStreamEncoder(
-        VOCAB_SIZE,
-        length,
-        args.num_layers,
-        d_model=args.d_model,
-        num_heads=args.num_heads,
-        d_ff=args.d_ff,
-        num_views=len(views),
-        share_embeddings=args.share_embeddings,
-        model_attention="soft",
-        seed=args.seed,
-        name="encoder",
-    )
+        states = {v: encoder(inputs[v], view=i) for i, v in enumerate(views)}
     head = keras.layers.Dense(NUM_CLASSES, name="classifier")
-    inputs = {v: keras.Input((length,), dtype="int32", name=v) for v in views}
-    outputs = {
-        v: head(encoder(inputs[v], view=i)[:, 0]) for i, v in enumerate(views)
-    }
-    return compile_classifier(keras.Model(inputs, outputs), views, args)
-
-
-def compile_classifier(model, views, args):
-    """Adam (clipnorm 1), one logits cross-entropy per view."""
+    model = keras.Model(inputs, {v: head(states[v][:, 0]) for v in views})
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     model.compile(
         optimizer=keras.optimizers.Adam(
