@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
+from keras_attnvariants.ops.combine import doubly_normalized_attend
 from keras_attnvariants.ops.masking import large_negative
 from keras_attnvariants.ops.normalization import _check_iterations
 from keras_attnvariants.ops.normalization import doubly_normalize
@@ -109,6 +110,11 @@ class DoublyNormalizedAttention(VariantAttention):
 
     def normalize(self, scores, mask):
         return doubly_normalize(scores, mask, self.iterations)
+
+    def normalize_and_attend(self, scores, value, mask, training):
+        if self.iterations != 1:
+            return None
+        return doubly_normalized_attend(scores, value, mask)
 
     def fused_attention(self, query, key, value, mask):
         if self.iterations != 1:

@@ -4,6 +4,8 @@ import keras
 from keras import ops
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
+from keras_attnvariants.ops.combine import relaxed_gumbel_attend
+from keras_attnvariants.ops.combine import softmax_attend
 from keras_attnvariants.ops.gumbel import argmax_indices
 from keras_attnvariants.ops.gumbel import gather_values
 from keras_attnvariants.ops.gumbel import gumbel_from_uniform
@@ -82,6 +84,14 @@ def distributed_uniform(shape, seed_generator):
     )
 
 
+def training_noise(scores, temperature, seed_generator):
+    """Gumbel noise shaped like `scores` and the floored temperature."""
+    noise = gumbel_from_uniform(
+        distributed_uniform(ops.shape(scores), seed_generator)
+    )
+    return noise, ops.maximum(temperature, MIN_TEMPERATURE)
+
+
 def gumbel_training_weights(
     scores, mask, temperature, seed_generator, straight=False
 ):
@@ -98,10 +108,7 @@ def gumbel_training_weights(
     Returns:
         float32 weights shaped like `scores`.
     """
-    noise = gumbel_from_uniform(
-        distributed_uniform(ops.shape(scores), seed_generator)
-    )
-    temperature = ops.maximum(temperature, MIN_TEMPERATURE)
+    noise, temperature = training_noise(scores, temperature, seed_generator)
     weights = relaxed_sample(scores, noise, temperature, mask)
     if straight:
         weights = straight_through(weights, mask)
@@ -263,6 +270,24 @@ class GumbelDiscreteAttention(VariantAttention):
             return self._one_hot_attention(
                 scores, value, mask, return_attention_scores
             )
+        with_losses = self._losses_active(training)
+        need_weights = (
+            return_attention_scores
+            or with_losses
+            or (self._dropout > 0.0 and bool(training))
+            or (self.straight_through and bool(training))
+        )
+        if not need_weights:
+            # Nobody needs the weights: fold them into the value product.
+            if not training:
+                return softmax_attend(scores, value, mask), None
+            noise, temperature = training_noise(
+                scores, self.temperature, self.seed_generator
+            )
+            output = relaxed_gumbel_attend(
+                scores, value, noise, temperature, mask
+            )
+            return output, None
         if training:
             weights = gumbel_training_weights(
                 scores,
@@ -273,7 +298,7 @@ class GumbelDiscreteAttention(VariantAttention):
             )
         else:
             weights = masked_softmax(scores, mask)
-        if self._losses_active(training):
+        if with_losses:
             self._apply_attention_losses(weights, query, key, mask)
         return self._attend(weights, value, training)
 

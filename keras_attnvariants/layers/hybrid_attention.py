@@ -8,6 +8,7 @@ from keras_attnvariants.layers.doubly_normalized_attention import (
 )
 from keras_attnvariants.layers.doubly_normalized_attention import key_bias
 from keras_attnvariants.layers.variant_attention import VariantAttention
+from keras_attnvariants.ops.combine import hybrid_attend
 from keras_attnvariants.ops.normalization import _check_iterations
 from keras_attnvariants.ops.normalization import hybrid_normalize
 
@@ -119,6 +120,11 @@ class HybridAttention(VariantAttention):
 
     def normalize(self, scores, mask):
         return hybrid_normalize(scores, self._mix(), mask, self.iterations)
+
+    def normalize_and_attend(self, scores, value, mask, training):
+        if self.iterations != 1:
+            return None
+        return hybrid_attend(scores, value, self._mix(), mask)
 
     def fused_attention(self, query, key, value, mask):
         if self.iterations != 1:

@@ -52,7 +52,8 @@ class VariantAttention(keras.layers.MultiHeadAttention):
     """Base class: `MultiHeadAttention` with a replaceable normalization.
 
     Subclasses override `normalize(scores, mask)` (float32 weights from
-    float32 scores) and, optionally, `fused_attention(...)`. This class keeps
+    float32 scores) and, optionally, `normalize_and_attend(...)` and
+    `fused_attention(...)`. This class keeps
     MHA's constructor, call signature, weight layout and Keras-mask merging,
     and adds:
 
@@ -64,12 +65,16 @@ class VariantAttention(keras.layers.MultiHeadAttention):
       over queries.
     - `attention_losses`: `AttentionLoss` terms computed, in training, from
       the weights before dropout and the projected queries and keys.
-    - `attention_path`: `"explicit"` materializes the weights; `"fused"`
-      calls `keras.ops.dot_product_attention` with a bias (accelerator flash
+    - `attention_path`: `"explicit"` computes the normalization with
+      `keras.ops` (materializing the weights when they are needed,
+      otherwise folding them into the value product through
+      `normalize_and_attend`); `"fused"` calls
+      `keras.ops.dot_product_attention` with a bias (accelerator flash
       kernels); `"auto"` picks fused on GPU/TPU and, on CPU, whichever
       measured faster: explicit under TensorFlow and JAX, fused under
-      PyTorch. The explicit path is always used when the weights are
-      needed (returned scores, dropout in training, attention losses).
+      PyTorch. The explicit path with materialized weights is always used
+      when the weights are needed (returned scores, dropout in training,
+      attention losses).
 
     Args:
         num_heads: int. Number of attention heads.
@@ -162,6 +167,17 @@ class VariantAttention(keras.layers.MultiHeadAttention):
 
     def fused_attention(self, query, key, value, mask):
         """Attention output without materialized weights, or `None`."""
+        return None
+
+    def normalize_and_attend(self, scores, value, mask, training):
+        """`normalize(scores, mask) @ value` `(B, T, N, H)`, or `None`.
+
+        The explicit path calls this when the weights themselves are not
+        needed (no returned scores, attention losses or dropout). Subclasses
+        return the output of a `keras_attnvariants.ops.combine` function,
+        which never writes the normalized weights out and has a cheaper
+        backward; `None` falls back to `normalize` and a weighted sum.
+        """
         return None
 
     def attention_logits(self, query, key):
@@ -285,6 +301,10 @@ class VariantAttention(keras.layers.MultiHeadAttention):
                 return output, None
         # scores, weights: (B, N, T, S) float32
         scores = self.attention_logits(query, key)
+        if not need_weights:
+            output = self.normalize_and_attend(scores, value, mask, training)
+            if output is not None:
+                return output, None
         weights = self.normalize(scores, mask)
         if with_losses:
             self._apply_attention_losses(weights, query, key, mask)

@@ -133,16 +133,25 @@ def relaxed_sample(scores, noise, temperature=1.0, mask=None):
         distribution over its valid keys; masked entries and rows with no
         valid key are 0.
     """
+    y = relaxed_logits(scores, noise, temperature, mask)
+    return _finish(ops.softmax(y, axis=-1), mask)
+
+
+def relaxed_logits(scores, noise, temperature=1.0, mask=None):
+    """The logits whose softmax is `relaxed_sample`: `(s + g) / temperature`.
+
+    `log_softmax(s) = s - logsumexp_j(s)` shifts each row by a constant,
+    which the softmax removes: the clamped scores give the same sample,
+    gradient included, without a logsumexp pass. Masked entries are
+    `MASK_FILL`.
+    """
     _check_temperature(temperature)
-    # `log_softmax(s) = s - logsumexp_j(s)` shifts each row by a constant,
-    # which the final softmax removes: the clamped logits give the same
-    # sample, gradient included, without a logsumexp pass.
     logits = masked_logits(scores, mask)
     y = (logits + ops.cast(noise, "float32")) / ops.cast(temperature, "float32")
     if mask is not None:
         mask_b = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(y))
         y = ops.where(mask_b, y, MASK_FILL)
-    return _finish(ops.softmax(y, axis=-1), mask)
+    return y
 
 
 def selection_logits(scores, mask=None):

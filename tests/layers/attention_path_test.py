@@ -8,9 +8,13 @@ from keras import ops
 from keras_attnvariants.layers.doubly_normalized_attention import (
     DoublyNormalizedAttention,
 )
+from keras_attnvariants.layers.gumbel_discrete_attention import (
+    GumbelDiscreteAttention,
+)
 from keras_attnvariants.layers.hybrid_attention import HybridAttention
 from keras_attnvariants.layers.variant_attention import accelerator_available
 from keras_attnvariants.layers.variant_attention import prefer_fused_path
+from keras_attnvariants.testing.gradients import gradients
 from keras_attnvariants.testing.test_case import TestCase
 
 
@@ -44,3 +48,83 @@ class AttentionPathTest(TestCase):
             outputs.append(ops.convert_to_numpy(out))
         self.assertAllClose(outputs[0], outputs[1], atol=1e-6)
         self.assertAllClose(outputs[0], outputs[2], atol=1e-5)
+
+
+def _layer_pair(cls, **kwargs):
+    """Two built layers of `cls` with the same weights."""
+    query = np.zeros((1, 3, 4), "float32")
+    layers = []
+    for _ in range(2):
+        layer = cls(num_heads=2, key_dim=3, seed=1, **kwargs)
+        layer(query, query)
+        layers.append(layer)
+    layers[1].set_weights(layers[0].get_weights())
+    return layers
+
+
+class FoldedPathTest(TestCase):
+    """Without returned weights the explicit path folds them into `A V`
+    (`normalize_and_attend`); it must equal the materialized path in
+    output and in the gradients of the inputs."""
+
+    @parameterized.parameters(
+        (DoublyNormalizedAttention, {}),
+        (HybridAttention, {"hybrid_init": 0.4}),
+        (GumbelDiscreteAttention, {"inference_mode": "soft"}),
+    )
+    def test_folded_equals_materialized(self, cls, kwargs):
+        rng = np.random.default_rng(0)
+        query = rng.normal(size=(2, 5, 4)).astype("float32")
+        value = rng.normal(size=(2, 7, 4)).astype("float32")
+        upstream = rng.normal(size=(2, 5, 4)).astype("float32")
+        mask = np.ones((2, 5, 7), bool)
+        mask[1, 3:] = False
+        mask[1, :, 5:] = False
+        layer = _layer_pair(cls, attention_path="explicit", **kwargs)[0]
+
+        def folded(q, v):
+            return layer(q, v, attention_mask=mask)
+
+        def materialized(q, v):
+            out, _ = layer(
+                q, v, attention_mask=mask, return_attention_scores=True
+            )
+            return out
+
+        self.assertAllClose(
+            ops.convert_to_numpy(folded(query, value)),
+            ops.convert_to_numpy(materialized(query, value)),
+            atol=1e-6,
+        )
+        got = gradients(folded, upstream, query, value)
+        want = gradients(materialized, upstream, query, value)
+        for g, w in zip(got, want):
+            self.assertAllClose(g, w, atol=1e-5)
+
+    @parameterized.parameters(False, True)
+    def test_gumbel_training_folded_equals_sample(self, masked):
+        # Same seed, same noise: the folded relaxed sample equals the
+        # returned sample times the values.
+        rng = np.random.default_rng(1)
+        query = rng.normal(size=(2, 5, 4)).astype("float32")
+        mask = None
+        if masked:
+            mask = rng.random((2, 5, 5)) < 0.7
+            mask[0, 2] = False
+        folded, materialized = _layer_pair(
+            GumbelDiscreteAttention, temperature=0.7
+        )
+        for _ in range(2):  # the seed generators advance together
+            out = folded(query, query, attention_mask=mask, training=True)
+            want, weights = materialized(
+                query,
+                query,
+                attention_mask=mask,
+                training=True,
+                return_attention_scores=True,
+            )
+            self.assertAllClose(
+                ops.convert_to_numpy(out), ops.convert_to_numpy(want), atol=1e-6
+            )
+        weights = ops.convert_to_numpy(weights)
+        self.assertFalse(np.all((weights == 0) | (weights == 1)))

@@ -1,0 +1,287 @@
+"""Attention outputs with the normalization folded into the value product.
+
+The layers' explicit path, when nobody asks for the weights: it computes
+`out = normalize(scores) @ value` for the normalizations of this package
+without writing the normalized weights as a `(B, N, T, S)` buffer, and with
+an analytic backward that needs fewer passes over the scores.
+
+Every normalization here has weights `A = e * inv`: row exponentials `e`
+(`exp(y - max_j y)`, masked entries 0) times a per-row reciprocal of their
+sum. So
+
+- forward: `out = inv * (e @ V)`: `e` is the matmul operand;
+- backward, flash-attention style (Dao et al., 2022): with `dO` the output
+  gradient, `g = dO V^T` and `dV = A^T dO`,
+  `sum_j g_ij A_ij = dO_i . O_i` (row sums) and
+  `sum_i g_ij A_ij = V_j . dV_j` (column sums), products of
+  `(B, T, N, H)` tensors instead of reductions over the scores.
+
+On XLA:CPU an elementwise expression feeding a reduction is always written
+out as a full buffer, so these sums are what the layers' step time is made
+of (docs/benchmarks.md). The gradients equal the autodiff of
+`normalize(scores) @ value` (tests/ops/combine_test.py).
+
+Layouts are Keras MultiHeadAttention's: scores `(B, N, T, S)` (float32),
+value `(B, S, N, H)`, output `(B, T, N, H)` in the value's dtype. Masks are
+boolean `(B, 1, T, S)` (or broadcastable), `True` = may attend; masked
+entries get weight 0 and a query with no valid key outputs 0.
+"""
+
+import keras
+from keras import ops
+
+from keras_attnvariants.ops.gumbel import relaxed_logits
+from keras_attnvariants.ops.normalization import _column_log_normalizer
+from keras_attnvariants.ops.normalization import _prepare
+from keras_attnvariants.ops.normalization import _reduce_to_shape
+
+COMBINE_EQUATION = "bnts,bsnh->btnh"
+# `A^T dO` written with `dO` first: TensorFlow's XLA lowers the other operand
+# order with the scores' contracting axis on the left, a transposed-operand
+# matmul that measured 2x slower (26 ms against 13 ms at (8, 4, 512, 512)).
+VALUE_GRAD_EQUATION = "btnh,bnts->bsnh"
+SCORES_EQUATION = "btnh,bsnh->bnts"
+
+
+def _upstream(args, upstream):
+    return args[0] if upstream is None else upstream
+
+
+def _output_layout(t):
+    """`(B, N, T, 1)` per-row values in the output layout `(B, T, N, 1)`."""
+    return ops.transpose(t, (0, 2, 1, 3))
+
+
+def _row_exp(y, mask):
+    """`e = exp(y - max_j y)` (0 where masked), `1 / sum_j e`, `max_j y`.
+
+    A row without a valid key has `e = 0` and a reciprocal of 1, so its
+    weights and output are 0.
+    """
+    top = ops.max(y, axis=-1, keepdims=True)
+    e = ops.exp(y - top)
+    if mask is not None:
+        e = ops.where(mask, e, 0.0)
+    total = ops.sum(e, axis=-1, keepdims=True)
+    inv = 1.0 / ops.where(total > 0.0, total, 1.0)
+    return e, inv, top
+
+
+class _Rows:
+    """Weights `A = e * inv` as a matmul operand and a row scale.
+
+    float16 cannot hold `e @ V` (up to `S max|V|`), so under float16 the
+    operand is the normalized `A` itself; otherwise it is `e` and `inv`
+    scales the product's rows.
+    """
+
+    def __init__(self, e, inv, dtype):
+        self.e = e
+        self.inv = inv
+        self.dtype = dtype
+        if keras.backend.standardize_dtype(dtype) == "float16":
+            self.operand = ops.cast(e * inv, dtype)
+            self.scale = None
+        else:
+            self.operand = ops.cast(e, dtype)
+            self.scale = ops.cast(_output_layout(inv), dtype)
+
+    def _scaled(self, t):
+        return t if self.scale is None else t * self.scale
+
+    def product(self, value):
+        """`A V`, `(B, T, N, H)`."""
+        return self._scaled(ops.einsum(COMBINE_EQUATION, self.operand, value))
+
+    def transposed_product(self, d_out):
+        """`A^T dO`, `(B, S, N, H)`."""
+        scaled = self._scaled(d_out)
+        return ops.einsum(VALUE_GRAD_EQUATION, scaled, self.operand)
+
+    def column_sums(self, row):
+        """`sum_i A_ij row_i`, `(B, N, 1, S)`, for `row` `(B, N, T, 1)`."""
+        weighted = ops.einsum("bnts,bnt->bns", self.e, (self.inv * row)[..., 0])
+        return ops.expand_dims(weighted, -2)
+
+
+def _row_dot(d_out, out):
+    """`sum_h dO * O` in float32: `sum_j g_ij A_ij`, `(B, N, T, 1)`."""
+    dot = ops.sum(ops.cast(d_out, "float32") * ops.cast(out, "float32"), -1)
+    return ops.expand_dims(ops.transpose(dot, (0, 2, 1)), -1)
+
+
+def _column_dot(value, d_value):
+    """`sum_h V * dV` in float32: `sum_i g_ij A_ij`, `(B, N, 1, S)`."""
+    dot = ops.sum(
+        ops.cast(value, "float32") * ops.cast(d_value, "float32"), axis=-1
+    )
+    return ops.expand_dims(ops.transpose(dot, (0, 2, 1)), -2)
+
+
+def _scores_upstream(d_out, value):
+    """`g = dO V^T` in float32, `(B, N, T, S)`."""
+    return ops.cast(ops.einsum(SCORES_EQUATION, d_out, value), "float32")
+
+
+def softmax_attend(scores, value, mask=None):
+    """`masked_softmax(scores, mask) @ value` with the folded backward.
+
+    Args:
+        scores: float32 `(B, N, T, S)`; masked entries may hold anything.
+        value: `(B, S, N, H)`.
+        mask: optional boolean, broadcastable to `scores`.
+
+    Returns:
+        `(B, T, N, H)` in `value`'s dtype.
+    """
+    x, mask = _prepare(scores, mask)
+
+    @ops.custom_gradient
+    def attend(x, value):
+        e, inv, _ = _row_exp(x, mask)
+        rows = _Rows(e, inv, value.dtype)
+        out = rows.product(value)
+
+        def grad(*args, upstream=None):
+            d_out = _upstream(args, upstream)
+            d_value = rows.transposed_product(d_out)
+            g = _scores_upstream(d_out, value)
+            dx = e * inv * (g - _row_dot(d_out, out))
+            return dx, d_value
+
+        return out, grad
+
+    return attend(x, value)
+
+
+def doubly_normalized_attend(scores, value, mask=None):
+    """`doubly_normalize(scores, mask) @ value` (one iteration), folded.
+
+    With `z = s - c`, `c_j = logsumexp_i s_ij`, `A = softmax_j(z)` and
+    `dz = A (g - r)`, `r_i = sum_j g_ij A_ij = dO_i . O_i`, the scores'
+    gradient is `dz - xi * colsum(dz)` with `xi = exp(z) = e exp(max_j z)`
+    and `colsum(dz)_j = V_j . dV_j - sum_i A_ij r_i`.
+
+    Args:
+        scores: float32 `(B, N, T, S)`.
+        value: `(B, S, N, H)`.
+        mask: optional boolean, broadcastable to `scores`; padded queries
+            must be masked (their rows `False`).
+
+    Returns:
+        `(B, T, N, H)` in `value`'s dtype.
+    """
+    x, mask = _prepare(scores, mask)
+
+    @ops.custom_gradient
+    def attend(x, value):
+        z = x - _column_log_normalizer(x, mask is not None)
+        e, inv, top = _row_exp(z, mask)
+        rows = _Rows(e, inv, value.dtype)
+        out = rows.product(value)
+
+        def grad(*args, upstream=None):
+            d_out = _upstream(args, upstream)
+            d_value = rows.transposed_product(d_out)
+            g = _scores_upstream(d_out, value)
+            r = _row_dot(d_out, out)
+            col = _column_dot(value, d_value) - rows.column_sums(r)
+            dx = e * (inv * (g - r) - ops.exp(top) * col)
+            return dx, d_value
+
+        return out, grad
+
+    return attend(x, value)
+
+
+def _per_head_mix(mix, num_heads):
+    """`mix` as float32 `(N, 1, 1)`; `ValueError` for any other shape."""
+    mix = ops.cast(mix, "float32")
+    shape = tuple(mix.shape)
+    if shape not in ((), (num_heads, 1, 1), (1, 1, 1)):
+        raise ValueError(
+            "`mix` must be a scalar or one value per head shaped "
+            f"(num_heads, 1, 1) = ({num_heads}, 1, 1). "
+            f"Received: mix with shape {shape}"
+        )
+    return ops.broadcast_to(ops.reshape(mix, (-1, 1, 1)), (num_heads, 1, 1))
+
+
+def hybrid_attend(scores, value, mix, mask=None):
+    """`hybrid_normalize(scores, mix, mask) @ value` (one iteration), folded.
+
+    The softmax part `U` and the DNAS part `D` each multiply the values
+    (`O = (1 - u) U V + u D V`), which costs one more `(T, S) x (S, H)`
+    product forward and backward than a single `W V`, but makes every row
+    and column sum of the backward a product of `(B, T, N, H)` tensors:
+    `sum_j g U = dO . (U V)`, `sum_j g D = dO . (D V)`,
+    `sum_i g D = V . (D^T dO)`.
+
+    Args:
+        scores: float32 `(B, N, T, S)`.
+        value: `(B, S, N, H)`.
+        mix: the DNAS share `u` in `[0, 1]`: a scalar or one value per head
+            shaped `(N, 1, 1)` (differentiable).
+        mask: optional boolean, broadcastable to `scores`.
+
+    Returns:
+        `(B, T, N, H)` in `value`'s dtype.
+    """
+    num_heads = scores.shape[1]
+    mix = _per_head_mix(mix, num_heads)
+    x, mask = _prepare(scores, mask)
+
+    @ops.custom_gradient
+    def attend(x, value, mix):
+        e_u, inv_u, _ = _row_exp(x, mask)
+        z = x - _column_log_normalizer(x, mask is not None)
+        e_d, inv_d, top = _row_exp(z, mask)
+        unas = _Rows(e_u, inv_u, value.dtype)
+        dnas = _Rows(e_d, inv_d, value.dtype)
+        out_u = unas.product(value)
+        out_d = dnas.product(value)
+        # u: (1, 1, N, 1) in the output and value layouts.
+        u = ops.cast(ops.reshape(mix, (1, 1, num_heads, 1)), value.dtype)
+        out = out_u + u * (out_d - out_u)
+
+        def grad(*args, upstream=None):
+            d_out = _upstream(args, upstream)
+            ut_d_out = unas.transposed_product(d_out)
+            dt_d_out = dnas.transposed_product(d_out)
+            d_value = ut_d_out + u * (dt_d_out - ut_d_out)
+            g = _scores_upstream(d_out, value)
+            r_u = _row_dot(d_out, out_u)
+            r_d = _row_dot(d_out, out_d)
+            col = _column_dot(value, dt_d_out) - dnas.column_sums(r_d)
+            dx = (1.0 - mix) * inv_u * e_u * (g - r_u) + mix * e_d * (
+                inv_d * (g - r_d) - ops.exp(top) * col
+            )
+            d_mix = _reduce_to_shape(r_d - r_u, (num_heads, 1, 1))
+            return dx, d_value, d_mix
+
+        return out, grad
+
+    # `_per_head_mix` runs outside the custom gradient: autodiff maps the
+    # `(N, 1, 1)` gradient back to the caller's shape of `mix`.
+    return attend(x, value, mix)
+
+
+def relaxed_gumbel_attend(scores, value, noise, temperature=1.0, mask=None):
+    """`relaxed_sample(scores, noise, temperature, mask) @ value`, folded.
+
+    The relaxed Gumbel-softmax sample is a softmax of
+    `(s + g) / temperature`; this is `softmax_attend` on those logits, so
+    the sample's weights are never written out.
+
+    Args:
+        scores: float32 `(B, N, T, S)`.
+        value: `(B, S, N, H)`.
+        noise: float32 Gumbel noise broadcastable to `scores`.
+        temperature: float > 0 or a scalar tensor.
+        mask: optional boolean, broadcastable to `scores`.
+
+    Returns:
+        `(B, T, N, H)` in `value`'s dtype.
+    """
+    logits = relaxed_logits(scores, noise, temperature, mask)
+    return softmax_attend(logits, value, mask)
