@@ -210,12 +210,13 @@ def _per_head_mix(mix, num_heads):
 def hybrid_attend(scores, value, mix, mask=None):
     """`hybrid_normalize(scores, mix, mask) @ value` (one iteration), folded.
 
-    The softmax part `U` and the DNAS part `D` each multiply the values
-    (`O = (1 - u) U V + u D V`), which costs one more `(T, S) x (S, H)`
-    product forward and backward than a single `W V`, but makes every row
-    and column sum of the backward a product of `(B, T, N, H)` tensors:
-    `sum_j g U = dO . (U V)`, `sum_j g D = dO . (D V)`,
-    `sum_i g D = V . (D^T dO)`.
+    `W = (1 - u) U + u D` multiplies the values once. The backward needs
+    the row sums `sum_j g U`, `sum_j g D` and the column sums
+    `sum_i g D` (for DNAS's column step); of each pair, one comes free
+    from the output (`sum_j g W = dO . O`, `sum_i g W = V . dV`), the other
+    from one pass over `g * E`, with `E` the row exponentials of the
+    larger share (`U` where `u > 1/2`, else `D`), so that recovering the
+    other part divides by `max(u, 1 - u) >= 1/2`.
 
     Args:
         scores: float32 `(B, N, T, S)`.
@@ -236,25 +237,38 @@ def hybrid_attend(scores, value, mix, mask=None):
         e_u, inv_u, _ = _row_exp(x, mask)
         z = x - _column_log_normalizer(x, mask is not None)
         e_d, inv_d, top = _row_exp(z, mask)
-        unas = _Rows(e_u, inv_u, value.dtype)
-        dnas = _Rows(e_d, inv_d, value.dtype)
-        out_u = unas.product(value)
-        out_d = dnas.product(value)
-        # u: (1, 1, N, 1) in the output and value layouts.
-        u = ops.cast(ops.reshape(mix, (1, 1, num_heads, 1)), value.dtype)
-        out = out_u + u * (out_d - out_u)
+        weights = ops.cast(
+            (1.0 - mix) * inv_u * e_u + mix * inv_d * e_d, value.dtype
+        )
+        out = ops.einsum(COMBINE_EQUATION, weights, value)
 
         def grad(*args, upstream=None):
             d_out = _upstream(args, upstream)
-            ut_d_out = unas.transposed_product(d_out)
-            dt_d_out = dnas.transposed_product(d_out)
-            d_value = ut_d_out + u * (dt_d_out - ut_d_out)
+            d_value = ops.einsum(VALUE_GRAD_EQUATION, d_out, weights)
             g = _scores_upstream(d_out, value)
-            r_u = _row_dot(d_out, out_u)
-            r_d = _row_dot(d_out, out_d)
-            col = _column_dot(value, dt_d_out) - dnas.column_sums(r_d)
-            dx = (1.0 - mix) * inv_u * e_u * (g - r_u) + mix * e_d * (
-                inv_d * (g - r_d) - ops.exp(top) * col
+            # Row and column sums of g * W: (B, N, T, 1), (B, N, 1, S).
+            r_w = _row_dot(d_out, out)
+            c_w = _column_dot(value, d_value)
+            # Per head, the part with the larger share: U (u > 1/2) or D.
+            use_u = mix > 0.5
+            inv = ops.where(use_u, inv_u, inv_d)
+            product = g * ops.where(use_u, e_u, e_d)
+            r_sel = inv * ops.sum(product, axis=-1, keepdims=True)
+            c_sel = ops.expand_dims(
+                ops.einsum("bnts,bnt->bns", product, inv[..., 0]), -2
+            )
+            # r_w = (1 - u) r_u + u r_d; likewise for the column sums.
+            big_u = ops.where(use_u, mix, 1.0)
+            big_1mu = ops.where(use_u, 1.0, 1.0 - mix)
+            r_u = ops.where(use_u, r_sel, (r_w - mix * r_sel) / big_1mu)
+            r_d = ops.where(use_u, (r_w - (1.0 - mix) * r_sel) / big_u, r_sel)
+            # u * sum_i D (g - r_d), the column step's correction.
+            u_c_d = ops.where(use_u, c_w - (1.0 - mix) * c_sel, mix * c_sel)
+            col = u_c_d - mix * ops.expand_dims(
+                ops.einsum("bnts,bnt->bns", e_d, (inv_d * r_d)[..., 0]), -2
+            )
+            dx = (1.0 - mix) * inv_u * e_u * (g - r_u) + e_d * (
+                mix * inv_d * (g - r_d) - ops.exp(top) * col
             )
             d_mix = _reduce_to_shape(r_d - r_u, (num_heads, 1, 1))
             return dx, d_value, d_mix
