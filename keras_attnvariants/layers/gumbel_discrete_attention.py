@@ -271,14 +271,13 @@ class GumbelDiscreteAttention(VariantAttention):
                 scores, value, mask, return_attention_scores
             )
         with_losses = self._losses_active(training)
-        need_weights = (
-            return_attention_scores
-            or with_losses
-            or (self._dropout > 0.0 and bool(training))
-            or (self.straight_through and bool(training))
-        )
+        need_weights = self._need_weights(
+            return_attention_scores, with_losses, training
+        ) or (self.straight_through and bool(training))
         if not need_weights:
             # Nobody needs the weights: fold them into the value product.
+            if with_losses:
+                self._apply_attention_losses(None, query, key, mask)
             if not training:
                 return softmax_attend(scores, value, mask), None
             noise, temperature = training_noise(

@@ -258,6 +258,20 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         )
         return bool(training) or building
 
+    def _need_weights(self, return_attention_scores, with_losses, training):
+        """Whether this call must materialize the attention weights."""
+        return bool(
+            return_attention_scores
+            or (
+                with_losses
+                and any(
+                    term.needs_attention_weights
+                    for term in self.attention_losses
+                )
+            )
+            or (self._dropout > 0.0 and bool(training))
+        )
+
     def _apply_attention_losses(self, weights, query, key, mask):
         context = build_context(
             self, weights, query, key, None if mask is None else mask[:, 0]
@@ -290,21 +304,22 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         # mask: (B, 1, T, S) or None
         mask = self._prepare_mask(attention_mask, query, key)
         with_losses = self._losses_active(training)
-        need_weights = (
-            return_attention_scores
-            or with_losses
-            or (self._dropout > 0.0 and bool(training))
+        need_weights = self._need_weights(
+            return_attention_scores, with_losses, training
         )
+        output = None
         if self._use_fused(need_weights):
             output = self.fused_attention(query, key, value, mask)
-            if output is not None:
-                return output, None
         # scores, weights: (B, N, T, S) float32
-        scores = self.attention_logits(query, key)
-        if not need_weights:
+        if output is None and not need_weights:
+            scores = self.attention_logits(query, key)
             output = self.normalize_and_attend(scores, value, mask, training)
-            if output is not None:
-                return output, None
+        if output is not None:
+            if with_losses:
+                # Terms that read only the queries and keys.
+                self._apply_attention_losses(None, query, key, mask)
+            return output, None
+        scores = self.attention_logits(query, key)
         weights = self.normalize(scores, mask)
         if with_losses:
             self._apply_attention_losses(weights, query, key, mask)

@@ -64,7 +64,8 @@ class AttentionContext(dict):
     """What an attention layer hands to its attached losses.
 
     Keys (absent values are `None`):
-        attention_weights: `(B, N, T, S)` float32, before dropout.
+        attention_weights: `(B, N, T, S)` float32, before dropout; `None`
+            when no attached term has `needs_attention_weights`.
         query: projected queries `(B, T, N, H)`, unscaled.
         key: projected keys `(B, S, N, H)`.
         attention_mask: boolean `(B, T, S)` or `None`.
@@ -113,6 +114,12 @@ class AttentionLoss(keras.layers.Layer):
             Defaults to `True`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`).
     """
+
+    # Whether `from_attention` reads `context["attention_weights"]`. Terms
+    # that read only queries and keys set it to `False`, so the attention
+    # layer can skip materializing the weights (`attention_weights` is then
+    # `None` in their context).
+    needs_attention_weights = True
 
     def __init__(self, track_metric=True, **kwargs):
         super().__init__(**kwargs)

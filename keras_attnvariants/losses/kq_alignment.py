@@ -195,6 +195,10 @@ class KQAlignment(AttentionLoss):
         Matching Key and Query Distributions", NeurIPS 2021.
     """
 
+    # Reads only queries and keys: the attention layer need not materialize
+    # its weights for this term.
+    needs_attention_weights = False
+
     def __init__(
         self,
         method="ct",

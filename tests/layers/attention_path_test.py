@@ -14,7 +14,9 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (
 from keras_attnvariants.layers.hybrid_attention import HybridAttention
 from keras_attnvariants.layers.variant_attention import accelerator_available
 from keras_attnvariants.layers.variant_attention import prefer_fused_path
+from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.testing.gradients import gradients
+from keras_attnvariants.testing.layer_zoo import WeightSquareLoss
 from keras_attnvariants.testing.test_case import TestCase
 
 
@@ -128,3 +130,44 @@ class FoldedPathTest(TestCase):
             )
         weights = ops.convert_to_numpy(weights)
         self.assertFalse(np.all((weights == 0) | (weights == 1)))
+
+
+class _QueryProbe(AttentionLoss):
+    """Reads only the queries; records the weights its context held."""
+
+    needs_attention_weights = False
+
+    def compute_loss_value(self, query):
+        return ops.mean(ops.square(query))
+
+    def from_attention(self, context):
+        self.seen_weights = context["attention_weights"]
+        return self(context["query"])
+
+
+class AttentionLossPathTest(TestCase):
+    @parameterized.parameters(
+        DoublyNormalizedAttention, HybridAttention, GumbelDiscreteAttention
+    )
+    def test_terms_without_weights_keep_the_folded_path(self, cls):
+        x = np.random.default_rng(0).normal(size=(2, 4, 6)).astype("float32")
+        probe = _QueryProbe()
+        layer = cls(num_heads=2, key_dim=3, attention_losses=[probe])
+        out = layer(x, x, training=True)
+        self.assertIsNone(probe.seen_weights)
+        self.assertEqual(len(layer.losses), 1)
+        self.assertTrue(np.isfinite(float(layer.losses[0])))
+        # A term that reads the weights makes the layer materialize them.
+        needy = WeightSquareLoss()
+        both = cls(num_heads=2, key_dim=3, attention_losses=[probe, needy])
+        both(x, x)
+        both.set_weights(layer.get_weights())
+        both_out = both(x, x, training=True)
+        self.assertIsNotNone(probe.seen_weights)
+        self.assertEqual(len(both.losses), 2)
+        if cls is not GumbelDiscreteAttention:  # a fresh noise draw
+            self.assertAllClose(
+                ops.convert_to_numpy(out),
+                ops.convert_to_numpy(both_out),
+                atol=1e-6,
+            )
