@@ -6,6 +6,7 @@ from keras import ops
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.ops.combine import relaxed_gumbel_attend
 from keras_attnvariants.ops.combine import softmax_attend
+from keras_attnvariants.ops.combine import straight_through_gumbel_attend
 from keras_attnvariants.ops.gumbel import argmax_indices
 from keras_attnvariants.ops.gumbel import gather_values
 from keras_attnvariants.ops.gumbel import gumbel_from_uniform
@@ -271,10 +272,9 @@ class GumbelDiscreteAttention(VariantAttention):
                 scores, value, mask, return_attention_scores
             )
         with_losses = self._losses_active(training)
-        need_weights = self._need_weights(
+        if not self._need_weights(
             return_attention_scores, with_losses, training
-        ) or (self.straight_through and bool(training))
-        if not need_weights:
+        ):
             # Nobody needs the weights: fold them into the value product.
             if with_losses:
                 self._apply_attention_losses(None, query, key, mask)
@@ -283,10 +283,12 @@ class GumbelDiscreteAttention(VariantAttention):
             noise, temperature = training_noise(
                 scores, self.temperature, self.seed_generator
             )
-            output = relaxed_gumbel_attend(
-                scores, value, noise, temperature, mask
+            attend = (
+                straight_through_gumbel_attend
+                if self.straight_through
+                else relaxed_gumbel_attend
             )
-            return output, None
+            return attend(scores, value, noise, temperature, mask), None
         if training:
             weights = gumbel_training_weights(
                 scores,

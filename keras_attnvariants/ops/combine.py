@@ -30,7 +30,12 @@ entries get weight 0 and a query with no valid key outputs 0.
 import keras
 from keras import ops
 
+from keras_attnvariants.ops.gumbel import argmax_indices
+from keras_attnvariants.ops.gumbel import gather_values
+from keras_attnvariants.ops.gumbel import one_hot_at
 from keras_attnvariants.ops.gumbel import relaxed_logits
+from keras_attnvariants.ops.gumbel import rows_with_valid_key
+from keras_attnvariants.ops.gumbel import selection_logits
 from keras_attnvariants.ops.normalization import _column_log_normalizer
 from keras_attnvariants.ops.normalization import _prepare
 from keras_attnvariants.ops.normalization import _reduce_to_shape
@@ -299,3 +304,48 @@ def relaxed_gumbel_attend(scores, value, noise, temperature=1.0, mask=None):
     """
     logits = relaxed_logits(scores, noise, temperature, mask)
     return softmax_attend(logits, value, mask)
+
+
+def straight_through_gumbel_attend(
+    scores, value, noise, temperature=1.0, mask=None
+):
+    """`straight_through(relaxed_sample(...)) @ value`, folded.
+
+    Forward: each query reads the value row of its sample's argmax key (a
+    gather, no `S`-long weighted sum), exactly as the one-hot weights do.
+    Backward: the relaxed sample's gradient, `dy = A (g - sum_j g A)` with
+    `A = softmax(y)` and `g = dO V^T`, and `dV = H^T dO` for the one-hot
+    `H`, which is what autodiff of `(H + A - stop_gradient(A)) @ V` gives.
+
+    Args:
+        scores: float32 `(B, N, T, S)`.
+        value: `(B, S, N, H)`.
+        noise: float32 Gumbel noise broadcastable to `scores`.
+        temperature: float > 0 or a scalar tensor.
+        mask: optional boolean, broadcastable to `scores`.
+
+    Returns:
+        `(B, T, N, H)` in `value`'s dtype.
+    """
+    logits = relaxed_logits(scores, noise, temperature, mask)
+    y, mask = _prepare(logits, mask)
+
+    @ops.custom_gradient
+    def attend(y, value):
+        indices = argmax_indices(selection_logits(y, mask))
+        out = gather_values(value, indices, rows_with_valid_key(mask, indices))
+
+        def grad(*args, upstream=None):
+            d_out = _upstream(args, upstream)
+            hard = ops.cast(
+                one_hot_at(indices, ops.shape(y)[-1], mask), value.dtype
+            )
+            d_value = ops.einsum(VALUE_GRAD_EQUATION, d_out, hard)
+            e, inv, _ = _row_exp(y, mask)
+            weighted = _scores_upstream(d_out, value) * e
+            r = ops.sum(weighted, axis=-1, keepdims=True)
+            return inv * (weighted - e * (inv * r)), d_value
+
+        return out, grad
+
+    return attend(y, value)

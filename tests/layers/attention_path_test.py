@@ -103,8 +103,10 @@ class FoldedPathTest(TestCase):
         for g, w in zip(got, want):
             self.assertAllClose(g, w, atol=1e-5)
 
-    @parameterized.parameters(False, True)
-    def test_gumbel_training_folded_equals_sample(self, masked):
+    @parameterized.parameters(
+        (False, False), (True, False), (False, True), (True, True)
+    )
+    def test_gumbel_training_folded_equals_sample(self, masked, straight):
         # Same seed, same noise: the folded relaxed sample equals the
         # returned sample times the values.
         rng = np.random.default_rng(1)
@@ -114,7 +116,7 @@ class FoldedPathTest(TestCase):
             mask = rng.random((2, 5, 5)) < 0.7
             mask[0, 2] = False
         folded, materialized = _layer_pair(
-            GumbelDiscreteAttention, temperature=0.7
+            GumbelDiscreteAttention, temperature=0.7, straight_through=straight
         )
         for _ in range(2):  # the seed generators advance together
             out = folded(query, query, attention_mask=mask, training=True)
@@ -129,7 +131,8 @@ class FoldedPathTest(TestCase):
                 ops.convert_to_numpy(out), ops.convert_to_numpy(want), atol=1e-6
             )
         weights = ops.convert_to_numpy(weights)
-        self.assertFalse(np.all((weights == 0) | (weights == 1)))
+        one_hot = np.all((weights == 0) | (weights == 1))
+        self.assertEqual(one_hot, straight)
 
 
 class _QueryProbe(AttentionLoss):

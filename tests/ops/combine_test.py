@@ -13,6 +13,8 @@ from absl.testing import parameterized
 from keras import ops
 
 from keras_attnvariants.ops import combine
+from keras_attnvariants.ops.gumbel import relaxed_sample
+from keras_attnvariants.ops.gumbel import straight_through
 from keras_attnvariants.testing import numpy_reference as ref
 from keras_attnvariants.testing.autodiff_reference import autodiff_dnas
 from keras_attnvariants.testing.autodiff_reference import autodiff_hybrid
@@ -150,8 +152,6 @@ class CombineTest(TestCase):
             return combine.relaxed_gumbel_attend(s, v, noise, 0.5, mask)
 
         def plain(s, v):
-            from keras_attnvariants.ops.gumbel import relaxed_sample
-
             return attend_reference(relaxed_sample(s, noise, 0.5, mask), v)
 
         self.assertAllClose(
@@ -163,6 +163,31 @@ class CombineTest(TestCase):
         want = gradients(plain, upstream, scores, value)
         for g, w in zip(got, want):
             self.assertAllClose(g, w, atol=2e-5)
+
+    @parameterized.parameters(False, True)
+    def test_straight_through_equals_one_hot_times_value(self, masked):
+        scores, value, upstream, mask = case(10, masked)
+        noise = np.random.default_rng(11).gumbel(size=scores.shape)
+        noise = noise.astype("float32")
+
+        def folded(s, v):
+            return combine.straight_through_gumbel_attend(
+                s, v, noise, 0.5, mask
+            )
+
+        def plain(s, v):
+            soft = relaxed_sample(s, noise, 0.5, mask)
+            return attend_reference(straight_through(soft, mask), v)
+
+        got = ops.convert_to_numpy(folded(*tensors(scores, value)))
+        want = ops.convert_to_numpy(plain(*tensors(scores, value)))
+        # Exactly one value row per query (zeros for rows without a key).
+        self.assertAllClose(got, want, atol=1e-6)
+        got = gradients(folded, upstream, scores, value)
+        want = gradients(plain, upstream, scores, value)
+        for g, w in zip(got, want):
+            self.assertAllClose(g, w, atol=2e-5)
+        self.assertGreater(float(np.abs(got[0]).max()), 0.0)
 
     @parameterized.parameters(*NAMES)
     def test_huge_scores_stay_finite(self, name):
