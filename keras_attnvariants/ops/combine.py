@@ -128,6 +128,35 @@ def _scores_upstream(d_out, value):
     return ops.cast(ops.einsum(SCORES_EQUATION, d_out, value), "float32")
 
 
+def _row_softmax_attend(scores, value, mask, column_step):
+    """`softmax_j(y) @ value`, `y = s` or, with `column_step`, DNAS's
+    `y = s - logsumexp_i s` (the column step's gradient is added)."""
+    x, mask = _prepare(scores, mask)
+
+    @ops.custom_gradient
+    def attend(x, value):
+        y = x
+        if column_step:
+            y = x - _column_log_normalizer(x, mask is not None)
+        e, inv, top = _row_exp(y, mask)
+        rows = _Rows(e, inv, value.dtype)
+        out = rows.product(value)
+
+        def grad(*args, upstream=None):
+            d_out = _upstream(args, upstream)
+            d_value = rows.transposed_product(d_out)
+            g = _scores_upstream(d_out, value)
+            r = _row_dot(d_out, out)
+            if not column_step:
+                return e * inv * (g - r), d_value
+            col = _column_dot(value, d_value) - rows.column_sums(r)
+            return e * (inv * (g - r) - ops.exp(top) * col), d_value
+
+        return out, grad
+
+    return attend(x, value)
+
+
 def softmax_attend(scores, value, mask=None):
     """`masked_softmax(scores, mask) @ value` with the folded backward.
 
@@ -139,24 +168,7 @@ def softmax_attend(scores, value, mask=None):
     Returns:
         `(B, T, N, H)` in `value`'s dtype.
     """
-    x, mask = _prepare(scores, mask)
-
-    @ops.custom_gradient
-    def attend(x, value):
-        e, inv, _ = _row_exp(x, mask)
-        rows = _Rows(e, inv, value.dtype)
-        out = rows.product(value)
-
-        def grad(*args, upstream=None):
-            d_out = _upstream(args, upstream)
-            d_value = rows.transposed_product(d_out)
-            g = _scores_upstream(d_out, value)
-            dx = e * inv * (g - _row_dot(d_out, out))
-            return dx, d_value
-
-        return out, grad
-
-    return attend(x, value)
+    return _row_softmax_attend(scores, value, mask, column_step=False)
 
 
 def doubly_normalized_attend(scores, value, mask=None):
@@ -176,27 +188,7 @@ def doubly_normalized_attend(scores, value, mask=None):
     Returns:
         `(B, T, N, H)` in `value`'s dtype.
     """
-    x, mask = _prepare(scores, mask)
-
-    @ops.custom_gradient
-    def attend(x, value):
-        z = x - _column_log_normalizer(x, mask is not None)
-        e, inv, top = _row_exp(z, mask)
-        rows = _Rows(e, inv, value.dtype)
-        out = rows.product(value)
-
-        def grad(*args, upstream=None):
-            d_out = _upstream(args, upstream)
-            d_value = rows.transposed_product(d_out)
-            g = _scores_upstream(d_out, value)
-            r = _row_dot(d_out, out)
-            col = _column_dot(value, d_value) - rows.column_sums(r)
-            dx = e * (inv * (g - r) - ops.exp(top) * col)
-            return dx, d_value
-
-        return out, grad
-
-    return attend(x, value)
+    return _row_softmax_attend(scores, value, mask, column_step=True)
 
 
 def _per_head_mix(mix, num_heads):
@@ -316,16 +308,7 @@ def straight_through_gumbel_attend(
     Backward: the relaxed sample's gradient, `dy = A (g - sum_j g A)` with
     `A = softmax(y)` and `g = dO V^T`, and `dV = H^T dO` for the one-hot
     `H`, which is what autodiff of `(H + A - stop_gradient(A)) @ V` gives.
-
-    Args:
-        scores: float32 `(B, N, T, S)`.
-        value: `(B, S, N, H)`.
-        noise: float32 Gumbel noise broadcastable to `scores`.
-        temperature: float > 0 or a scalar tensor.
-        mask: optional boolean, broadcastable to `scores`.
-
-    Returns:
-        `(B, T, N, H)` in `value`'s dtype.
+    Arguments and result as in `relaxed_gumbel_attend`.
     """
     logits = relaxed_logits(scores, noise, temperature, mask)
     y, mask = _prepare(logits, mask)
