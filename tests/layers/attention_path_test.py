@@ -104,6 +104,54 @@ class FoldedPathTest(TestCase):
             self.assertAllClose(g, w, atol=1e-5)
 
     @parameterized.parameters(
+        (DoublyNormalizedAttention, {}),
+        (HybridAttention, {"hybrid_init": 0.6}),
+        (GumbelDiscreteAttention, {}),
+        (GumbelDiscreteAttention, {"straight_through": True}),
+    )
+    def test_folded_path_trains_compiled(self, cls, kwargs):
+        rng = np.random.default_rng(3)
+        x = rng.normal(size=(4, 5, 6)).astype("float32")
+        mask = np.ones((4, 5, 5), bool)
+        mask[1, 3:] = False
+        mask[1, :, 3:] = False
+
+        def build(inputs):
+            layer = cls(num_heads=2, key_dim=3, seed=1, **kwargs)
+            return layer(inputs[0], inputs[0], attention_mask=inputs[1])
+
+        jit = keras.config.backend() != "torch"
+        model, _ = self.run_multi_input_training_step(
+            build, [x, mask], jit_compile=jit
+        )
+        if cls is HybridAttention:
+            (layer,) = [m for m in model.layers if isinstance(m, cls)]
+            self.assertFalse(np.allclose(layer.hybrid_weights, 0.6))
+
+    @parameterized.parameters(
+        DoublyNormalizedAttention, HybridAttention, GumbelDiscreteAttention
+    )
+    def test_folded_gradients_finite_in_mixed_precision(self, cls):
+        rng = np.random.default_rng(4)
+        x = (rng.normal(size=(2, 5, 6)) * 1e3).astype("float32")
+        upstream = rng.normal(size=(2, 5, 6)).astype("float32")
+        mask = rng.random((2, 5, 5)) < 0.7
+        mask[1] = False  # a fully masked example
+        for policy in ("mixed_float16", "mixed_bfloat16"):
+            if policy == "mixed_float16" and keras.config.backend() == "torch":
+                continue  # Torch CPU kernels lack float16 matmuls.
+            layer = cls(num_heads=2, key_dim=3, seed=1, dtype=policy)
+            layer(x, x)
+
+            def attend(q):
+                out = layer(q, q, attention_mask=mask, training=True)
+                return ops.cast(out, "float32")
+
+            (grad,) = gradients(attend, upstream, x)
+            self.assertTrue(np.all(np.isfinite(grad)), policy)
+            self.assertEqual(float(np.abs(grad[1]).max()), 0.0)
+
+    @parameterized.parameters(
         (False, False), (True, False), (False, True), (True, True)
     )
     def test_gumbel_training_folded_equals_sample(self, masked, straight):

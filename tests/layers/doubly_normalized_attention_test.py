@@ -154,14 +154,16 @@ class DoublyNormalizedAttentionTest(TestCase):
         with self.assertRaisesRegex(ValueError, "attention_mask"):
             layer(x, x, attention_mask=np.ones(shape, bool))
 
-    def test_mixed_precision_outputs(self):
+    @parameterized.parameters(True, False)
+    def test_mixed_precision_outputs(self, return_scores):
+        # False: the folded path (`normalize_and_attend`).
         x, valid = padded_inputs()
         mask = valid[:, :, None] & valid[:, None, :]
         self.assert_mixed_precision_outputs(
             kav.DoublyNormalizedAttention,
             INIT,
             (x * 1e3, x * 1e3),
-            {"attention_mask": mask, "return_attention_scores": True},
+            {"attention_mask": mask, "return_attention_scores": return_scores},
         )
 
     def test_training_step_multi_input(self):

@@ -240,13 +240,17 @@ class GumbelDiscreteAttentionTest(TestCase):
     @parameterized.parameters(
         {"training": True, "straight_through": False},
         {"training": True, "straight_through": True},
+        {"training": True, "straight_through": False, "scores": False},
+        {"training": True, "straight_through": True, "scores": False},
         {"training": False, "inference_mode": "argmax"},
         {"training": False, "inference_mode": "sample"},
         {"training": False, "inference_mode": "soft"},
+        {"training": False, "inference_mode": "soft", "scores": False},
     )
     def test_mixed_precision_extreme_logits_and_masked_rows(
-        self, training, **kwargs
+        self, training, scores=True, **kwargs
     ):
+        # scores=False: the folded path (`ops.combine`).
         x, valid = padded_inputs(seed=7, scale=1e4)
         mask = valid[:, :, None] & valid[:, None, :]
         mask[1] = False  # a fully masked example
@@ -257,7 +261,7 @@ class GumbelDiscreteAttentionTest(TestCase):
             {
                 "attention_mask": mask,
                 "training": training,
-                "return_attention_scores": True,
+                "return_attention_scores": scores,
             },
         )
 

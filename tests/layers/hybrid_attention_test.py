@@ -134,14 +134,16 @@ class HybridAttentionTest(TestCase):
         with self.assertRaisesRegex(ValueError, "not causal"):
             kav.HybridAttention(**INIT)(x, x, use_causal_mask=True)
 
-    def test_mixed_precision_outputs(self):
+    @parameterized.parameters(True, False)
+    def test_mixed_precision_outputs(self, return_scores):
+        # False: the folded path (`normalize_and_attend`).
         query, value, mask, _ = inputs()
         mask[1] = False  # fully masked example
         self.assert_mixed_precision_outputs(
             kav.HybridAttention,
             INIT,
             (query * 1e3, value * 1e3),
-            {"attention_mask": mask, "return_attention_scores": True},
+            {"attention_mask": mask, "return_attention_scores": return_scores},
         )
 
     def test_training_step_multi_input_jit(self):
