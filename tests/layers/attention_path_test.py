@@ -105,6 +105,35 @@ class FoldedPathTest(TestCase):
 
     @parameterized.parameters(
         (DoublyNormalizedAttention, {}),
+        (HybridAttention, {}),
+        (GumbelDiscreteAttention, {}),
+        (GumbelDiscreteAttention, {"straight_through": True}),
+        (GumbelDiscreteAttention, {"inference_mode": "soft"}),
+    )
+    def test_weights_are_materialized_only_when_needed(self, cls, kwargs):
+        x = np.random.default_rng(5).normal(size=(2, 4, 6)).astype("float32")
+        layer = cls(num_heads=2, key_dim=3, attention_path="explicit", **kwargs)
+        layer(x, x, return_attention_scores=True)
+        materialize = layer._attend
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("materialized the weights")
+
+        layer._attend = refuse
+        for training in (False, True):
+            layer(x, x, training=training)
+        with self.assertRaisesRegex(AssertionError, "materialized"):
+            layer(x, x, return_attention_scores=True, training=True)
+        layer._attend = materialize
+        dropped = cls(num_heads=2, key_dim=3, dropout=0.5, **kwargs)
+        dropped(x, x)
+        dropped._attend = refuse
+        dropped(x, x, training=False)  # no dropout at inference
+        with self.assertRaisesRegex(AssertionError, "materialized"):
+            dropped(x, x, training=True)
+
+    @parameterized.parameters(
+        (DoublyNormalizedAttention, {}),
         (HybridAttention, {"hybrid_init": 0.6}),
         (GumbelDiscreteAttention, {}),
         (GumbelDiscreteAttention, {"straight_through": True}),
