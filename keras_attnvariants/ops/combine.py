@@ -83,7 +83,6 @@ class _Rows:
     def __init__(self, e, inv, dtype):
         self.e = e
         self.inv = inv
-        self.dtype = dtype
         if keras.backend.standardize_dtype(dtype) == "float16":
             self.operand = ops.cast(e * inv, dtype)
             self.scale = None
@@ -105,8 +104,15 @@ class _Rows:
 
     def column_sums(self, row):
         """`sum_i A_ij row_i`, `(B, N, 1, S)`, for `row` `(B, N, T, 1)`."""
-        weighted = ops.einsum("bnts,bnt->bns", self.e, (self.inv * row)[..., 0])
-        return ops.expand_dims(weighted, -2)
+        return _column_weighted(self.e, self.inv * row)
+
+
+def _column_weighted(t, row):
+    """`sum_i t_ij row_i` `(B, N, 1, S)` for `row` `(B, N, T, 1)`.
+
+    A matrix-vector product: it reads `t` without writing a full buffer.
+    """
+    return ops.expand_dims(ops.einsum("bnts,bnt->bns", t, row[..., 0]), -2)
 
 
 def _row_dot(d_out, out):
@@ -251,9 +257,7 @@ def hybrid_attend(scores, value, mix, mask=None):
             inv = ops.where(use_u, inv_u, inv_d)
             product = g * ops.where(use_u, e_u, e_d)
             r_sel = inv * ops.sum(product, axis=-1, keepdims=True)
-            c_sel = ops.expand_dims(
-                ops.einsum("bnts,bnt->bns", product, inv[..., 0]), -2
-            )
+            c_sel = _column_weighted(product, inv)
             # r_w = (1 - u) r_u + u r_d; likewise for the column sums.
             big_u = ops.where(use_u, mix, 1.0)
             big_1mu = ops.where(use_u, 1.0, 1.0 - mix)
@@ -261,9 +265,7 @@ def hybrid_attend(scores, value, mix, mask=None):
             r_d = ops.where(use_u, (r_w - (1.0 - mix) * r_sel) / big_u, r_sel)
             # u * sum_i D (g - r_d), the column step's correction.
             u_c_d = ops.where(use_u, c_w - (1.0 - mix) * c_sel, mix * c_sel)
-            col = u_c_d - mix * ops.expand_dims(
-                ops.einsum("bnts,bnt->bns", e_d, (inv_d * r_d)[..., 0]), -2
-            )
+            col = u_c_d - mix * _column_weighted(e_d, inv_d * r_d)
             dx = (1.0 - mix) * inv_u * e_u * (g - r_u) + e_d * (
                 mix * inv_d * (g - r_d) - ops.exp(top) * col
             )
