@@ -48,6 +48,9 @@ from keras_attnvariants.layers.doubly_normalized_attention import (  # noqa: E40
 from keras_attnvariants.layers.hybrid_attention import HybridAttention  # noqa: E402
 
 REFERENCE = "keras MHA"
+# Issue goals for the train step at S=512, ratio to keras MHA.
+GOALS = {"DNAS": 1.05, "HNAS": 1.10}
+GOAL_LENGTH = 512
 
 
 def make_layer(kind, num_heads, key_dim, path):
@@ -113,6 +116,19 @@ def markdown_table(mode, results):
             else:
                 cells.append(f"{ratio:.2f}x ({seconds * 1e3:.1f} ms)")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def goal_lines(results):
+    """`met` / `MISSED` per goal, from one length's train results."""
+    lines = []
+    for label, goal in GOALS.items():
+        ratio = results[label][1]
+        verdict = "met" if ratio <= goal else "MISSED"
+        lines.append(
+            f"- goal {label} train <= {goal:.2f}x at S={GOAL_LENGTH}: "
+            f"{ratio:.2f}x, {verdict}"
+        )
     return "\n".join(lines)
 
 
@@ -187,6 +203,8 @@ def main(argv=None):
             )
             print(f"[{mode} S={length}: {steps} steps/timing]", file=sys.stderr)
         sections.append(markdown_table(mode, results))
+        if mode == "train" and GOAL_LENGTH in results:
+            sections.append(goal_lines(results[GOAL_LENGTH]))
     text = "\n\n".join(sections) + "\n"
     print(text)
     if args.output:
