@@ -112,7 +112,7 @@ class DoublyNormalizedAttention(VariantAttention):
         return doubly_normalize(scores, mask, self.iterations)
 
     def normalize_and_attend(self, scores, value, mask, training):
-        if self.iterations != 1:
+        if self.iterations != 1 or self._normalize_overridden():
             return None
         return doubly_normalized_attend(scores, value, mask)
 

@@ -122,7 +122,7 @@ class HybridAttention(VariantAttention):
         return hybrid_normalize(scores, self._mix(), mask, self.iterations)
 
     def normalize_and_attend(self, scores, value, mask, training):
-        if self.iterations != 1:
+        if self.iterations != 1 or self._normalize_overridden():
             return None
         return hybrid_attend(scores, value, self._mix(), mask)
 

@@ -177,8 +177,22 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         return the output of a `keras_attnvariants.ops.combine` function,
         which never writes the normalized weights out and has a cheaper
         backward; `None` falls back to `normalize` and a weighted sum.
+        An implementation returns `None` when `_normalize_overridden()`, so
+        that a further subclass that changes only `normalize` still gets
+        its own weights.
         """
         return None
+
+    def _normalize_overridden(self):
+        """Whether a subclass changed `normalize` below the class that
+        implements `normalize_and_attend` (e.g. a user subclass of
+        `DoublyNormalizedAttention`): the folded path would bypass it."""
+        owner = next(
+            cls
+            for cls in type(self).__mro__
+            if "normalize_and_attend" in vars(cls)
+        )
+        return type(self).normalize is not owner.normalize
 
     def attention_logits(self, query, key):
         """float32 scores `(B, N, T, S)`, scaled like Keras MHA.

@@ -132,6 +132,27 @@ class FoldedPathTest(TestCase):
         with self.assertRaisesRegex(AssertionError, "materialized"):
             dropped(x, x, training=True)
 
+    @parameterized.parameters(DoublyNormalizedAttention, HybridAttention)
+    def test_subclass_overriding_normalize_is_not_bypassed(self, cls):
+        class Sharpened(cls):
+            def normalize(self, scores, mask):
+                return super().normalize(3.0 * scores, mask)
+
+        x = np.random.default_rng(6).normal(size=(2, 4, 6)).astype("float32")
+        base, sharp = (
+            k(num_heads=2, key_dim=3, attention_path="explicit", seed=1)
+            for k in (cls, Sharpened)
+        )
+        base(x, x)
+        sharp(x, x)
+        sharp.set_weights(base.get_weights())
+        out = ops.convert_to_numpy(sharp(x, x))
+        want, _ = sharp(x, x, return_attention_scores=True)
+        self.assertAllClose(out, ops.convert_to_numpy(want), atol=1e-6)
+        self.assertFalse(
+            np.allclose(out, ops.convert_to_numpy(base(x, x)), atol=1e-3)
+        )
+
     @parameterized.parameters(
         (DoublyNormalizedAttention, {}),
         (HybridAttention, {"hybrid_init": 0.6}),
