@@ -324,16 +324,18 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         output = None
         if self._use_fused(need_weights):
             output = self.fused_attention(query, key, value, mask)
-        # scores, weights: (B, N, T, S) float32
-        if output is None and not need_weights:
+        if output is None:
+            # scores, weights: (B, N, T, S) float32
             scores = self.attention_logits(query, key)
-            output = self.normalize_and_attend(scores, value, mask, training)
+            if not need_weights:
+                output = self.normalize_and_attend(
+                    scores, value, mask, training
+                )
         if output is not None:
             if with_losses:
                 # Terms that read only the queries and keys.
                 self._apply_attention_losses(None, query, key, mask)
             return output, None
-        scores = self.attention_logits(query, key)
         weights = self.normalize(scores, mask)
         if with_losses:
             self._apply_attention_losses(weights, query, key, mask)
