@@ -57,11 +57,12 @@ def _output_layout(t):
     return ops.transpose(t, (0, 2, 1, 3))
 
 
-def _row_exp(y, mask):
+def _masked_row_exp(y, mask):
     """`e = exp(y - max_j y)` (0 where masked), `1 / sum_j e`, `max_j y`.
 
     A row without a valid key has `e = 0` and a reciprocal of 1, so its
-    weights and output are 0.
+    weights and output are 0. (`ops.normalization._row_exp` sums before
+    masking and returns the sum; here the sum is over valid keys only.)
     """
     top = ops.max(y, axis=-1, keepdims=True)
     e = ops.exp(y - top)
@@ -144,7 +145,7 @@ def _row_softmax_attend(scores, value, mask, column_step):
         y = x
         if column_step:
             y = x - _column_log_normalizer(x, mask is not None)
-        e, inv, top = _row_exp(y, mask)
+        e, inv, top = _masked_row_exp(y, mask)
         rows = _Rows(e, inv, value.dtype)
         out = rows.product(value)
 
@@ -237,9 +238,9 @@ def hybrid_attend(scores, value, mix, mask=None):
 
     @ops.custom_gradient
     def attend(x, value, mix):
-        e_u, inv_u, _ = _row_exp(x, mask)
+        e_u, inv_u, _ = _masked_row_exp(x, mask)
         z = x - _column_log_normalizer(x, mask is not None)
-        e_d, inv_d, top = _row_exp(z, mask)
+        e_d, inv_d, top = _masked_row_exp(z, mask)
         weights = ops.cast(
             (1.0 - mix) * inv_u * e_u + mix * inv_d * e_d, value.dtype
         )
@@ -326,7 +327,7 @@ def straight_through_gumbel_attend(
                 one_hot_at(indices, ops.shape(y)[-1], mask), value.dtype
             )
             d_value = ops.einsum(VALUE_GRAD_EQUATION, d_out, hard)
-            e, inv, _ = _row_exp(y, mask)
+            e, inv, _ = _masked_row_exp(y, mask)
             weighted = _scores_upstream(d_out, value) * e
             r = ops.sum(weighted, axis=-1, keepdims=True)
             return inv * (weighted - e * (inv * r)), d_value
