@@ -13,7 +13,10 @@
   `load_average_1min`: the 1-minute load average alone.
 
 The scripts import this module by name (`benchmarks/` is `sys.path[0]`
-when a script in it runs); set `KERAS_BACKEND=tensorflow` before importing.
+when a script in it runs). The compiled-step helpers need TensorFlow (set
+`KERAS_BACKEND=tensorflow` before importing); the timing helpers
+(`time_alternating`, `median_ratio`, `steps_for`, `warm_up`) take any
+callables and serve `accelerator_step.py` without TensorFlow installed.
 """
 
 import datetime
@@ -26,7 +29,11 @@ import time
 
 import keras
 import numpy as np
-import tensorflow as tf
+
+try:  # the timing helpers below serve every backend
+    import tensorflow as tf
+except ImportError:  # e.g. a JAX / PyTorch-only accelerator machine
+    tf = None
 
 
 def train_step_fn(layer, learning_rate=1e-4):
@@ -216,7 +223,7 @@ def machine_info():
         else os.cpu_count(),
         "arch": platform.machine(),
         "python": platform.python_version(),
-        "tensorflow": tf.__version__,
+        "tensorflow": tf.__version__ if tf is not None else "not installed",
         "keras": keras.__version__,
         "numpy": np.__version__,
         "backend": keras.backend.backend(),

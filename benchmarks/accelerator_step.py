@@ -1,0 +1,370 @@
+"""Step time of every attention layer against keras MHA on a GPU (or CPU).
+
+The CPU scripts (`attention_step.py`, `gumbel_step.py`) time TensorFlow
+XLA steps; this one times the backends a GPU user runs, with no TensorFlow
+needed:
+
+- JAX: `jax.jit` over `layer.stateless_call` (train: `value_and_grad` and
+  an SGD update of the trainable variables, donated; infer: the forward
+  pass), XLA on the default device;
+- PyTorch: eager steps on `cuda` when available (train: `backward` and
+  `torch.optim.SGD`; infer: under `torch.no_grad`), as `model.fit` runs
+  them by default.
+
+Every variant is built in the same process and timed alternately (each
+repeat times every variant once, in a shuffled order); a variant's ratio is
+the median over repeats of its time over keras MHA's time in the same
+repeat. keras MHA takes `keras.ops.dot_product_attention` (cuDNN / flash
+kernels where the backend has them). The variants:
+
+- DNAS and HNAS on both paths: `attention_path="explicit"` (the folded
+  `normalize(scores) @ value`, `ops/combine.py`) and `"fused"`
+  (`dot_product_attention` with the per-key DNAS bias);
+- GumbelDiscreteAttention: relaxed and straight-through samples in train,
+  the argmax gather in infer.
+
+Under JAX the table also gives each compiled step's temporary memory
+(`memory_analysis().temp_size_in_bytes`), under PyTorch the peak memory of
+one step (`torch.cuda.max_memory_allocated`). The last section says which
+path is faster per length, the measurement behind `attention_path="auto"`.
+
+Usage:
+
+    KERAS_BACKEND=jax python benchmarks/accelerator_step.py --output r.md
+    KERAS_BACKEND=torch python benchmarks/accelerator_step.py
+    KERAS_BACKEND=jax python benchmarks/accelerator_step.py --quick  # tiny
+"""
+
+import argparse
+import os
+import platform
+import random
+import sys
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+# `benchmarks/` is sys.path[0] when this script runs.
+from harness import median_ratio  # noqa: E402
+from harness import median_time  # noqa: E402
+from harness import steps_for  # noqa: E402
+from harness import time_alternating  # noqa: E402
+from harness import warm_up  # noqa: E402
+
+from keras_attnvariants.layers.doubly_normalized_attention import (  # noqa: E402
+    DoublyNormalizedAttention,
+)
+from keras_attnvariants.layers.gumbel_discrete_attention import (  # noqa: E402
+    GumbelDiscreteAttention,
+)
+from keras_attnvariants.layers.hybrid_attention import HybridAttention  # noqa: E402
+from keras_attnvariants.layers.variant_attention import prefer_fused_path  # noqa: E402
+
+REFERENCE = "keras MHA"
+PATHS = ("explicit", "fused")
+
+
+def variants(mode):
+    """`(label, class, constructor kwargs)` of the variants of one mode."""
+    rows = [(REFERENCE, keras.layers.MultiHeadAttention, {})]
+    for name, cls in (
+        ("DNAS", DoublyNormalizedAttention),
+        ("HNAS", HybridAttention),
+    ):
+        for path in PATHS:
+            rows.append((f"{name} {path}", cls, {"attention_path": path}))
+    if mode == "train":
+        rows.append(("Gumbel relaxed", GumbelDiscreteAttention, {}))
+        rows.append(
+            (
+                "Gumbel straight-through",
+                GumbelDiscreteAttention,
+                {"straight_through": True},
+            )
+        )
+    else:
+        rows.append(("Gumbel argmax", GumbelDiscreteAttention, {}))
+    return rows
+
+
+class Fetched:
+    """A PyTorch tensor that `np.asarray` copies to the host (a sync)."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __array__(self, dtype=None, copy=None):
+        return self.tensor.detach().float().cpu().numpy()
+
+
+def jax_step(layer, x, mode, learning_rate=1e-4):
+    """`(call, temp_bytes)`: a jitted train step or forward pass."""
+    import jax
+    import jax.numpy as jnp
+
+    state = [
+        [v.value for v in layer.trainable_variables],
+        [v.value for v in layer.non_trainable_variables],
+    ]
+
+    if mode == "infer":
+
+        @jax.jit
+        def forward(trainable, non_trainable, x):
+            y, _ = layer.stateless_call(
+                trainable, non_trainable, x, x, training=False
+            )
+            return jnp.sum(y.astype("float32"))
+
+        compiled = forward.lower(*state, x).compile()
+        return (lambda: compiled(*state, x)), temp_bytes(compiled)
+
+    def loss_fn(trainable, non_trainable, x):
+        y, non_trainable, losses = layer.stateless_call(
+            trainable, non_trainable, x, x, training=True, return_losses=True
+        )
+        loss = jnp.mean(jnp.square(y.astype("float32")))
+        for term in losses:
+            loss = loss + term.astype("float32")
+        return loss, non_trainable
+
+    def step(trainable, non_trainable, x):
+        (loss, non_trainable), grads = jax.value_and_grad(
+            loss_fn, has_aux=True
+        )(trainable, non_trainable, x)
+        trainable = [
+            v - learning_rate * g.astype(v.dtype)
+            for v, g in zip(trainable, grads)
+        ]
+        return trainable, non_trainable, loss
+
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(*state, x).compile()
+
+    def call():
+        state[0], state[1], loss = compiled(state[0], state[1], x)
+        return loss
+
+    return call, temp_bytes(compiled)
+
+
+def temp_bytes(compiled):
+    """Temporary buffer bytes of a compiled JAX function, or `None`."""
+    try:
+        return compiled.memory_analysis().temp_size_in_bytes
+    except Exception:  # not every platform reports it
+        return None
+
+
+def torch_step(layer, x, mode, learning_rate=1e-4):
+    """`(call, peak_bytes)`: an eager train step or forward pass."""
+    import torch
+
+    if mode == "infer":
+
+        def call():
+            with torch.no_grad():
+                return Fetched(torch.sum(layer(x, x, training=False).float()))
+
+    else:
+        optimizer = torch.optim.SGD(list(layer.parameters()), learning_rate)
+
+        def call():
+            optimizer.zero_grad(set_to_none=True)
+            y = layer(x, x, training=True)
+            loss = torch.mean(torch.square(y.float()))
+            for term in layer.losses:
+                loss = loss + term.float()
+            loss.backward()
+            optimizer.step()
+            return Fetched(loss)
+
+    if not torch.cuda.is_available():
+        return call, None
+    np.asarray(call())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    np.asarray(call())
+    return call, torch.cuda.max_memory_allocated() - before
+
+
+def make_step(layer, x, mode):
+    if keras.config.backend() == "jax":
+        return jax_step(layer, x, mode)
+    if keras.config.backend() == "torch":
+        return torch_step(layer, x, mode)
+    raise ValueError(
+        "accelerator_step.py times the `jax` and `torch` backends (the "
+        "TensorFlow scripts are attention_step.py and gumbel_step.py). "
+        f"Received: KERAS_BACKEND={keras.config.backend()!r}"
+    )
+
+
+def measure(mode, policy, batch, length, dim, heads, repeats, min_time):
+    """`{label: (seconds, ratio, memory_bytes)}` for one configuration."""
+    keras.config.set_dtype_policy(policy)
+    try:
+        x = keras.ops.convert_to_tensor(
+            np.random.default_rng(0).normal(size=(batch, length, dim)),
+            "float32",
+        )
+        calls, memory = {}, {}
+        for label, cls, kwargs in variants(mode):
+            layer = cls(heads, dim // heads, seed=0, **kwargs)
+            layer(x, x)  # build
+            calls[label], memory[label] = make_step(layer, x, mode)
+            warm_up(calls[label])
+    finally:
+        keras.config.set_dtype_policy("float32")
+    steps = steps_for(calls[REFERENCE], min_time)
+    times = time_alternating(calls, repeats, steps, seed=random.random())
+    return {
+        label: (
+            median_time(times, label),
+            median_ratio(times, label, REFERENCE),
+            memory[label],
+        )
+        for label in calls
+    }
+
+
+def mib(value):
+    return "-" if value is None else f"{value / 2**20:.1f}"
+
+
+def markdown_table(mode, policy, results):
+    """Rows = variants, columns = lengths: ratio (ms, MiB)."""
+    lengths = sorted(results)
+    labels = list(results[lengths[0]])
+    lines = [
+        f"| {mode}, {policy} | " + " | ".join(f"S={s}" for s in lengths) + " |",
+        "|---" * (len(lengths) + 1) + "|",
+    ]
+    for label in labels:
+        cells = []
+        for s in lengths:
+            seconds, ratio, memory = results[s][label]
+            timing = f"{seconds * 1e3:.2f} ms, {mib(memory)} MiB"
+            cells.append(
+                timing if label == REFERENCE else f"{ratio:.2f}x ({timing})"
+            )
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def path_lines(mode, policy, results):
+    """Which path is faster, per layer and length."""
+    lines = []
+    for name in ("DNAS", "HNAS"):
+        cells = []
+        for s in sorted(results):
+            explicit = results[s][f"{name} explicit"][1]
+            fused = results[s][f"{name} fused"][1]
+            faster = "explicit" if explicit < fused else "fused"
+            cells.append(f"S={s} {faster} ({explicit:.2f}x / {fused:.2f}x)")
+        lines.append(
+            f"- {mode}, {policy}, {name} explicit / fused: " + ", ".join(cells)
+        )
+    return lines
+
+
+def device_name():
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        return f"{device.platform}: {device.device_kind}; jax {jax.__version__}"
+    if backend == "torch":
+        import torch
+
+        name = (
+            torch.cuda.get_device_name(0)
+            if torch.cuda.is_available()
+            else f"cpu ({platform.machine()})"
+        )
+        return f"{name}; torch {torch.__version__}"
+    return keras.config.backend()
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes")
+    parser.add_argument("--output", help="also write the tables here")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096]
+    )
+    parser.add_argument(
+        "--policies",
+        nargs="+",
+        default=["mixed_bfloat16", "float32"],
+        help="Keras dtype policies",
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["train", "infer"],
+        choices=["train", "infer"],
+    )
+    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=0.05,
+        help="seconds of keras MHA work per timing (sets the step count)",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batch, args.dim, args.heads = 2, 32, 2
+        args.lengths, args.repeats, args.min_time = [32], 3, 0.01
+        args.policies = args.policies[:1]
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    random.seed(0)
+    keras.utils.set_random_seed(0)
+    title = (
+        f"B={args.batch}, dim={args.dim}, heads={args.heads}, "
+        f"{device_name()}, keras {keras.__version__}, backend "
+        f"{keras.config.backend()}, {args.repeats} alternating repeats, "
+        "median ratio to keras MHA (ms per step, memory: JAX compiled "
+        "temporaries / PyTorch peak of one step). attention_path='auto' "
+        f"picks {'fused' if prefer_fused_path() else 'explicit'} here."
+    )
+    sections, choices = [title], []
+    for mode in args.modes:
+        for policy in args.policies:
+            results = {}
+            for length in args.lengths:
+                results[length] = measure(
+                    mode,
+                    policy,
+                    args.batch,
+                    length,
+                    args.dim,
+                    args.heads,
+                    args.repeats,
+                    args.min_time,
+                )
+                print(f"[{mode} {policy} S={length} done]", file=sys.stderr)
+            sections.append(markdown_table(mode, policy, results))
+            choices.extend(path_lines(mode, policy, results))
+            print(sections[-1], flush=True)
+    sections.append("Faster path:\n" + "\n".join(choices))
+    text = "\n\n".join(sections) + "\n"
+    print(text)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
