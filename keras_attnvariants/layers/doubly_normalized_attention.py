@@ -12,7 +12,14 @@ from keras_attnvariants.ops.normalization import doubly_normalized_bias
 
 
 def fused_biased_attention(layer, query, key, value, mask, bias):
-    """`dot_product_attention` with an additive bias; empty rows give 0."""
+    """`dot_product_attention` with an additive bias; empty rows give 0.
+
+    Under JAX a masked or biased call asks for no flash kernel: keras's
+    JAX TPU kernel (keras 3.15, `backend/jax/nn.py`) drops `bias` and
+    applies the mask of the first batch element to every element, which
+    would silently turn DNAS into softmax attention without padding. The
+    JAX fallback (`jax.nn.dot_product_attention`, XLA) honors both.
+    """
     kernel_mask = mask
     if bias is not None:
         bias = ops.cast(bias, query.dtype)
@@ -20,6 +27,11 @@ def fused_biased_attention(layer, query, key, value, mask, bias):
             # Some backends take a bias or a mask, not both: fold it in.
             bias = ops.where(mask, bias, large_negative(query.dtype))
             kernel_mask = None
+    flash = None
+    if keras.config.backend() == "jax" and (
+        bias is not None or kernel_mask is not None
+    ):
+        flash = False
     output = ops.dot_product_attention(
         query,
         key,
@@ -27,6 +39,7 @@ def fused_biased_attention(layer, query, key, value, mask, bias):
         bias=bias,
         mask=kernel_mask,
         scale=layer._inverse_sqrt_key_dim,
+        flash_attention=flash,
     )
     if mask is None:
         return output

@@ -14,37 +14,22 @@ LOGITS_EQUATION = "btnh,bsnh->bnts"
 COMBINE_EQUATION = "bnts,bsnh->btnh"
 
 
-def accelerator_available():
-    """Whether the current backend runs on a GPU or TPU."""
-    backend = keras.config.backend()
-    if backend == "jax":
-        import jax
-
-        return jax.default_backend() != "cpu"
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        return bool(
-            tf.config.list_logical_devices("GPU")
-            or tf.config.list_logical_devices("TPU")
-        )
-    if backend == "torch":
-        import torch
-
-        return torch.cuda.is_available()
-    return False
-
-
 def prefer_fused_path():
-    """What `attention_path="auto"` picks at inference, by measurement.
+    """What `attention_path="auto"` picks, by measurement (docs/benchmarks.md).
 
-    Accelerators: fused (flash kernels). CPU (docs/benchmarks.md): the
-    explicit path is faster under TensorFlow and JAX (XLA fuses the
-    normalization, the fused path recomputes `Q K^T` for the bias), the fused
-    one under PyTorch (its `scaled_dot_product_attention` kernel beats eager
-    per-op normalization).
+    - PyTorch: fused. Its `scaled_dot_product_attention` kernel, bias
+      included, beats the eager per-op explicit path on CPU and on an
+      H100 (every length, float32 and bfloat16, train and infer).
+    - JAX: explicit, on CPU and on an H100 (every length, float32 and
+      bfloat16, train and infer). The DNAS bias itself needs `Q K^T` and a
+      logsumexp over the queries, so the fused path computes the scores
+      twice and still writes an `(S, S)` tensor; no flash kernel here takes
+      a bias (keras's TPU kernel drops it, see `fused_biased_attention`).
+    - TensorFlow: explicit, measured on CPU; keras's TensorFlow
+      `dot_product_attention` has no fused kernel on any device, so there
+      the fused path is the explicit computation plus a second `Q K^T`.
     """
-    return keras.config.backend() == "torch" or accelerator_available()
+    return keras.config.backend() == "torch"
 
 
 @keras.saving.register_keras_serializable(package="keras_attnvariants")
@@ -69,12 +54,12 @@ class VariantAttention(keras.layers.MultiHeadAttention):
       `keras.ops` (materializing the weights when they are needed,
       otherwise folding them into the value product through
       `normalize_and_attend`); `"fused"` calls
-      `keras.ops.dot_product_attention` with a bias (accelerator flash
-      kernels); `"auto"` picks fused on GPU/TPU and, on CPU, whichever
-      measured faster: explicit under TensorFlow and JAX, fused under
-      PyTorch. The explicit path with materialized weights is always used
-      when the weights are needed (returned scores, dropout in training,
-      attention losses).
+      `keras.ops.dot_product_attention` with a bias; `"auto"` picks
+      whichever measured faster (CPU and H100 GPU): explicit under
+      TensorFlow and JAX, fused under PyTorch (`prefer_fused_path`). The
+      explicit path with materialized weights is always used when the
+      weights are needed (returned scores, dropout in training, attention
+      losses).
 
     Args:
         num_heads: int. Number of attention heads.
