@@ -31,6 +31,9 @@ Usage:
     python examples/thesis_multiview_arithmetic.py           # thesis sizes
     python examples/thesis_multiview_arithmetic.py --train-size 10000 \\
         --epochs 10 --num-layers 6
+    # To the plateau on a GPU (docs/gumbel_results.md: 56-75 epochs):
+    KERAS_BACKEND=jax python examples/thesis_multiview_arithmetic.py \\
+        --models multiview --epochs 300 --time-limit 520
 """
 
 import argparse
