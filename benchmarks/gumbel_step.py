@@ -50,6 +50,12 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (  # noqa: E402
 )
 
 REFERENCE = "keras MHA"
+# Issue goals, ratio to keras MHA: `(mode, variant label) -> ratio`.
+GOALS = {
+    ("train", "Gumbel relaxed"): 1.10,
+    ("train", "Gumbel straight-through"): 1.10,
+    ("infer", "Gumbel argmax (gather)"): 0.90,
+}
 
 
 def make_layer(options, num_heads, key_dim):
@@ -120,6 +126,23 @@ def markdown_table(mode, results):
             else:
                 cells.append(f"{ratio:.2f}x ({seconds * 1e3:.2f} ms)")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def goal_lines(mode, results):
+    """`met` / `MISSED` per goal of `mode`, at every measured length."""
+    lines = []
+    for (goal_mode, label), goal in GOALS.items():
+        if goal_mode != mode:
+            continue
+        cells = []
+        for s in sorted(results):
+            ratio = results[s][label][1]
+            verdict = "met" if ratio <= goal else "MISSED"
+            cells.append(f"S={s} {ratio:.2f}x {verdict}")
+        lines.append(
+            f"- goal {label} {mode} <= {goal:.2f}x: " + ", ".join(cells)
+        )
     return "\n".join(lines)
 
 
@@ -197,6 +220,7 @@ def main(argv=None):
             )
             print(f"[{mode} S={length}: {steps} steps/timing]", file=sys.stderr)
         sections.append(markdown_table(mode, results))
+        sections.append(goal_lines(mode, results))
     title = (
         f"B={args.batch}, dim={args.dim}, heads={args.heads}, float32, "
         f"TensorFlow {tf.__version__} {'eager graph' if args.no_xla else 'XLA'}"
