@@ -35,7 +35,6 @@ Usage:
     KERAS_BACKEND=jax python benchmarks/accelerator_step.py --quick  # tiny
 """
 
-import argparse
 import os
 import platform
 import random
@@ -48,11 +47,14 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 # `benchmarks/` is sys.path[0] when this script runs.
+from harness import check_step_args  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
+from harness import step_parser  # noqa: E402
 from harness import steps_for  # noqa: E402
 from harness import time_alternating  # noqa: E402
 from harness import warm_up  # noqa: E402
+from harness import write_report  # noqa: E402
 
 from keras_attnvariants.layers.doubly_normalized_attention import (  # noqa: E402
     DoublyNormalizedAttention,
@@ -291,14 +293,8 @@ def device_name():
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes")
-    parser.add_argument("--output", help="also write the tables here")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument(
-        "--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096]
+    parser = step_parser(
+        __doc__.splitlines()[0], [512, 1024, 2048, 4096], 11, 0.05
     )
     parser.add_argument(
         "--policies",
@@ -306,20 +302,8 @@ def parse_args(argv):
         default=["mixed_bfloat16", "float32"],
         help="Keras dtype policies",
     )
-    parser.add_argument(
-        "--modes",
-        nargs="+",
-        default=["train", "infer"],
-        choices=["train", "infer"],
-    )
-    parser.add_argument("--repeats", type=int, default=11)
-    parser.add_argument(
-        "--min-time",
-        type=float,
-        default=0.05,
-        help="seconds of keras MHA work per timing (sets the step count)",
-    )
     args = parser.parse_args(argv)
+    check_step_args(parser, args)
     if args.quick:
         args.batch, args.dim, args.heads = 2, 32, 2
         args.lengths, args.repeats, args.min_time = [32], 3, 0.01
@@ -359,11 +343,7 @@ def main(argv=None):
             choices.extend(path_lines(mode, policy, results))
             print(sections[-1], flush=True)
     sections.append("Faster path:\n" + "\n".join(choices))
-    text = "\n\n".join(sections) + "\n"
-    print(text)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+    write_report("\n\n".join(sections) + "\n", args.output)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Usage:
     python benchmarks/attention_step.py --quick   # CI: tiny sizes, < 30 s
 """
 
-import argparse
 import functools
 import os
 import platform
@@ -33,14 +32,17 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 # `benchmarks/` is sys.path[0] when this script runs.
+from harness import check_step_args  # noqa: E402
 from harness import cpu_allocator  # noqa: E402
 from harness import infer_fn  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
+from harness import step_parser  # noqa: E402
 from harness import steps_for  # noqa: E402
 from harness import time_alternating  # noqa: E402
 from harness import train_step_fn  # noqa: E402
 from harness import warm_up  # noqa: E402
+from harness import write_report  # noqa: E402
 
 from keras_attnvariants.layers.doubly_normalized_attention import (  # noqa: E402
     DoublyNormalizedAttention,
@@ -133,31 +135,9 @@ def goal_lines(results):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes")
-    parser.add_argument("--output", help="also write the tables here")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument(
-        "--lengths", type=int, nargs="+", default=[128, 512, 1024]
-    )
-    parser.add_argument(
-        "--modes",
-        nargs="+",
-        default=["train", "infer"],
-        choices=["train", "infer"],
-    )
-    parser.add_argument(
-        "--repeats", type=int, default=15, help="alternating repeats"
-    )
-    parser.add_argument(
-        "--min-time",
-        type=float,
-        default=0.3,
-        help="seconds of work per variant per repeat (sets the step count)",
-    )
+    parser = step_parser(__doc__.splitlines()[0], [128, 512, 1024], 15, 0.3)
     args = parser.parse_args(argv)
+    check_step_args(parser, args)
     if args.quick:
         args.batch, args.dim, args.heads = 2, 32, 2
         args.lengths, args.repeats, args.min_time = [32], 5, 0.02
@@ -205,11 +185,7 @@ def main(argv=None):
         sections.append(markdown_table(mode, results))
         if mode == "train" and GOAL_LENGTH in results:
             sections.append(goal_lines(results[GOAL_LENGTH]))
-    text = "\n\n".join(sections) + "\n"
-    print(text)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+    write_report("\n\n".join(sections) + "\n", args.output)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ Usage:
     python benchmarks/gumbel_step.py --quick   # CI: tiny, no XLA, < 30 s
 """
 
-import argparse
 import functools
 import os
 import platform
@@ -33,6 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from harness import check_step_args  # noqa: E402
 
 # `benchmarks/` is sys.path[0] when this script runs.
 from harness import compiled_infer  # noqa: E402
@@ -41,9 +41,11 @@ from harness import cpu_allocator  # noqa: E402
 from harness import load_average_1min as load_average  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
+from harness import step_parser  # noqa: E402
 from harness import steps_for  # noqa: E402
 from harness import time_alternating  # noqa: E402
 from harness import warm_up  # noqa: E402
+from harness import write_report  # noqa: E402
 
 from keras_attnvariants.layers.gumbel_discrete_attention import (  # noqa: E402
     GumbelDiscreteAttention,
@@ -147,47 +149,12 @@ def goal_lines(mode, results):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        usage="%(prog)s [--quick] [options] (see --help)",
-    )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes")
-    parser.add_argument("--output", help="also write the tables here")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument(
-        "--lengths", type=int, nargs="+", default=[128, 512, 1024]
-    )
-    parser.add_argument(
-        "--modes",
-        nargs="+",
-        default=["train", "infer"],
-        choices=["train", "infer"],
-    )
-    parser.add_argument(
-        "--repeats", type=int, default=15, help="alternating repeats"
-    )
-    parser.add_argument(
-        "--min-time",
-        type=float,
-        default=0.3,
-        help="seconds of work per variant per repeat (sets the step count)",
-    )
+    parser = step_parser(__doc__.splitlines()[0], [128, 512, 1024], 15, 0.3)
     parser.add_argument(
         "--no-xla", action="store_true", help="tf.function without XLA"
     )
     args = parser.parse_args(argv)
-    for name in ("batch", "dim", "heads", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if min(args.lengths) < 1:
-        parser.error(f"--lengths must be >= 1, got {args.lengths}")
-    if args.dim % args.heads:
-        parser.error(
-            f"--dim must be divisible by --heads, got {args.dim} and "
-            f"{args.heads}"
-        )
+    check_step_args(parser, args)
     if args.quick:
         args.batch, args.dim, args.heads = 2, 32, 2
         args.lengths, args.repeats, args.min_time = [32], 3, 0.01
@@ -229,11 +196,7 @@ def main(argv=None):
         f"{load_average()} after, CPU allocator {cpu_allocator()}, "
         f"{args.repeats} alternating repeats, median ratio to keras MHA"
     )
-    text = "\n\n".join([title, *sections]) + "\n"
-    print(text)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+    write_report("\n\n".join([title, *sections]) + "\n", args.output)
 
 
 if __name__ == "__main__":

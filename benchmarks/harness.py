@@ -19,6 +19,7 @@ when a script in it runs). The compiled-step helpers need TensorFlow (set
 callables and serve `accelerator_step.py` without TensorFlow installed.
 """
 
+import argparse
 import datetime
 import os
 import platform
@@ -95,6 +96,63 @@ def matmul_fn(size):
         return tf.reduce_sum(tf.matmul(a, b))
 
     return (lambda: matmul(a, b)), 2.0 * size**3
+
+
+def step_parser(description, lengths, repeats, min_time):
+    """`argparse` parser with the options every step benchmark shares.
+
+    `--quick`, `--output`, `--batch` (8), `--dim` (256), `--heads` (4),
+    `--lengths`, `--modes` (train, infer), `--repeats`, `--min-time`;
+    `check_step_args` validates them after parsing.
+    """
+    parser = argparse.ArgumentParser(
+        description=description,
+        usage="%(prog)s [--quick] [options] (see --help)",
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny sizes")
+    parser.add_argument("--output", help="also write the tables here")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--lengths", type=int, nargs="+", default=lengths)
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["train", "infer"],
+        choices=["train", "infer"],
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=repeats, help="alternating repeats"
+    )
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=min_time,
+        help="seconds of keras MHA work per timing (sets the step count)",
+    )
+    return parser
+
+
+def check_step_args(parser, args):
+    """`parser.error` for sizes below 1 or `--dim` not divisible."""
+    for name in ("batch", "dim", "heads", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if min(args.lengths) < 1:
+        parser.error(f"--lengths must be >= 1, got {args.lengths}")
+    if args.dim % args.heads:
+        parser.error(
+            f"--dim must be divisible by --heads, got {args.dim} and "
+            f"{args.heads}"
+        )
+
+
+def write_report(text, path=None):
+    """Prints `text` and, with `path`, writes it there too."""
+    print(text)
+    if path:
+        with open(path, "w") as f:
+            f.write(text)
 
 
 def warm_up(call, times=2):
