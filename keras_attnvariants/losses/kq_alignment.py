@@ -13,6 +13,7 @@ from keras_attnvariants.ops.transport import squared_euclidean_cost
 from keras_attnvariants.ops.transport import uniform_marginal
 
 METHODS = ("gan", "ot", "ct", "mmd")
+GAN_LOSSES = ("minimax", "non_saturating")
 MATCH_OVER = ("tokens", "heads")
 
 
@@ -83,10 +84,13 @@ class _AdversaryDense(keras.layers.Layer):
             autocast=False,
         )
 
-    def call(self, x):
+    def call(self, x, frozen=False):
         kernel = ops.cast(self.kernel, "float32")
         bias = ops.cast(self.bias, "float32")
-        if self.reversal_beta is not None:
+        if frozen:  # the inputs' player: no gradient to these weights
+            kernel = ops.stop_gradient(kernel)
+            bias = ops.stop_gradient(bias)
+        elif self.reversal_beta is not None:
             kernel = gradient_reversal(kernel, self.reversal_beta)
             bias = gradient_reversal(bias, self.reversal_beta)
         x = ops.cast(x, "float32")
@@ -119,6 +123,14 @@ class KQAlignment(AttentionLoss):
       weights pass through `gradient_reversal`, so minimizing the added
       loss trains it to maximize `D` while the Q/K projections minimize it,
       in the same optimizer step. At equilibrium the value is `-2 log 2`.
+      `gan_loss="non_saturating"` replaces this minimax game: the
+      discriminator minimizes `-E_q log D(q) - E_k log(1 - D(k))` on
+      inputs held constant, and the projections minimize
+      `-E_q log(1 - D(q)) - E_k log D(k)` with the discriminator held
+      constant (Goodfellow et al. 2014's non-saturating generator loss,
+      applied to both clouds). The projections' side is then bounded below
+      by 0, where the minimax one is not; the value is the sum of the two
+      losses, `4 log 2` at equilibrium.
     - `"ot"` (Eq. 3): entropic OT cost `sum_ij C_ij pi_ij`,
       `C_ij = ||q_i - k_j||^2`, `pi` from `sinkhorn_plan` (`epsilon`,
       normalized cost, `iterations` fixed), held constant for the gradient.
@@ -164,6 +176,8 @@ class KQAlignment(AttentionLoss):
             Defaults to `"tokens"`.
         reversal_beta: float > 0. Scale of the adversary's reversed
             gradient. Defaults to `1.0`.
+        gan_loss: `"minimax"` (paper) or `"non_saturating"` (`"gan"`
+            only). Defaults to `"minimax"`.
         track_metric: bool. Report the term as a metric. Defaults to
             `True`.
         **kwargs: base layer arguments (`name`, `dtype`).
@@ -211,6 +225,7 @@ class KQAlignment(AttentionLoss):
         adversary_per_head=False,
         match_over="tokens",
         reversal_beta=1.0,
+        gan_loss="minimax",
         track_metric=True,
         **kwargs,
     ):
@@ -249,6 +264,16 @@ class KQAlignment(AttentionLoss):
                 f"`match_over` must be one of {MATCH_OVER}. "
                 f"Received: match_over={match_over!r}"
             )
+        if gan_loss not in GAN_LOSSES:
+            raise ValueError(
+                f"`gan_loss` must be one of {GAN_LOSSES}. "
+                f"Received: gan_loss={gan_loss!r}"
+            )
+        if gan_loss != "minimax" and method != "gan":
+            raise ValueError(
+                "`gan_loss` applies to `method='gan'` only. Received: "
+                f"gan_loss={gan_loss!r} with method={method!r}"
+            )
         if adversary_per_head and match_over == "heads":
             raise ValueError(
                 "`adversary_per_head=True` needs `match_over='tokens'` (with "
@@ -266,6 +291,7 @@ class KQAlignment(AttentionLoss):
         self.adversary_per_head = bool(adversary_per_head)
         self.match_over = match_over
         self.reversal_beta = float(reversal_beta)
+        self.gan_loss = gan_loss
 
     def _dense(self, name, units, groups, reverse, shape):
         layer = _AdversaryDense(
@@ -305,7 +331,11 @@ class KQAlignment(AttentionLoss):
         hidden = self.hidden_dim or dim
         if self.method == "gan":
             self.discriminator = self._build_highway_mlp(
-                "discriminator", 1, groups, True, dim
+                "discriminator",
+                1,
+                groups,
+                self.gan_loss == "minimax",
+                dim,
             )
         elif self.method == "ct":
             self.critic = self._build_highway_mlp(
@@ -341,12 +371,12 @@ class KQAlignment(AttentionLoss):
         )
 
     @staticmethod
-    def _highway_mlp(layers, x):
+    def _highway_mlp(layers, x, frozen=False):
         gate, transform, dense_1, dense_2 = layers
         # Highway: tau * relu(W_h x) + (1 - tau) * x
-        tau = ops.sigmoid(gate(x))
-        x = tau * ops.relu(transform(x)) + (1.0 - tau) * x
-        return dense_2(ops.leaky_relu(dense_1(x)))
+        tau = ops.sigmoid(gate(x, frozen=frozen))
+        x = tau * ops.relu(transform(x, frozen=frozen)) + (1.0 - tau) * x
+        return dense_2(ops.leaky_relu(dense_1(x, frozen=frozen)), frozen=frozen)
 
     def _clouds(self, query, key, query_mask, key_mask):
         """Point clouds `(B, G, P, H)`, point masks and group weights."""
@@ -396,20 +426,39 @@ class KQAlignment(AttentionLoss):
         q_len = ops.shape(q)[-2]
         return both[..., :q_len, :], both[..., q_len:, :]
 
-    def _gan(self, q, k, q_points, k_points):
-        # logits: (B, G, P, 1)
+    def _discriminate(self, q, k, frozen=False):
+        """Discriminator logits `(B, G, P)` of the queries and the keys."""
         logit_q, logit_k = self._on_both(
-            lambda x: self._highway_mlp(self.discriminator, x), q, k
+            lambda x: self._highway_mlp(self.discriminator, x, frozen), q, k
         )
-        logit_q, logit_k = logit_q[..., 0], logit_k[..., 0]
-        # log D(q) and log(1 - D(k)), weighted over valid points.
+        return logit_q[..., 0], logit_k[..., 0]
+
+    @staticmethod
+    def _log_likelihood(logit_q, logit_k, q_points, k_points, q_sign):
+        """`E_q log sigmoid(q_sign l_q) + E_k log sigmoid(-q_sign l_k)`."""
         real = ops.sum(
-            uniform_marginal(q_points) * ops.log_sigmoid(logit_q), -1
+            uniform_marginal(q_points) * ops.log_sigmoid(q_sign * logit_q),
+            -1,
         )
         fake = ops.sum(
-            uniform_marginal(k_points) * ops.log_sigmoid(-logit_k), -1
+            uniform_marginal(k_points) * ops.log_sigmoid(-q_sign * logit_k),
+            -1,
         )
         return real + fake
+
+    def _gan(self, q, k, q_points, k_points):
+        if self.gan_loss == "minimax":
+            # log D(q) + log(1 - D(k)); reversed discriminator gradients.
+            return self._log_likelihood(
+                *self._discriminate(q, k), q_points, k_points, 1.0
+            )
+        # The discriminator's loss on constant inputs, the projections'
+        # (labels swapped) through a constant discriminator.
+        held = self._discriminate(ops.stop_gradient(q), ops.stop_gradient(k))
+        moved = self._discriminate(q, k, frozen=True)
+        return -self._log_likelihood(
+            *held, q_points, k_points, 1.0
+        ) - self._log_likelihood(*moved, q_points, k_points, -1.0)
 
     def _ct(self, q, k, q_points, k_points):
         # logits: (B, G, P, P') = t_phi(q_i) . t_phi(k_j)
@@ -463,6 +512,7 @@ class KQAlignment(AttentionLoss):
                 "adversary_per_head": self.adversary_per_head,
                 "match_over": self.match_over,
                 "reversal_beta": self.reversal_beta,
+                "gan_loss": self.gan_loss,
             }
         )
         return config

@@ -131,6 +131,38 @@ class KQAlignmentTest(TestCase):
                     w.assign(old[i] - lr * grads[i].numpy())
             self.assertLess(float(term(q, k, q_mask, k_mask)), base)
 
+    def test_non_saturating_gan_splits_the_two_players_losses(self):
+        if keras.backend.backend() != "tensorflow":
+            self.skipTest("Uses tf.GradientTape.")
+        import tensorflow as tf
+
+        q, k, q_mask, k_mask = projected(5, shift=1.0)
+        term = KQAlignment(method="gan", weight=1.0, gan_loss="non_saturating")
+        (g_q, g_k), weights, grads = tf_grads(term, q, k, q_mask, k_mask)
+
+        def likelihood(q, k, sign):
+            # Mean over (example, head) of E_q log s(sign l_q)
+            # + E_k log s(-sign l_k); every group is present here.
+            qc, kc, qp, kp, _ = term._clouds(q, k, q_mask, k_mask)
+            logits = term._discriminate(qc, kc)
+            return ops.mean(term._log_likelihood(*logits, qp, kp, sign))
+
+        # The discriminator's gradient is its own loss's, -L(q, k) ...
+        with tf.GradientTape() as tape:
+            d_loss = -likelihood(q, k, 1.0)
+        for got, want in zip(grads, tape.gradient(d_loss, weights)):
+            self.assertAllClose(got, want, atol=1e-6)
+        # ... and the projections' gradient is the swapped-label loss's.
+        q_var, k_var = tf.Variable(q), tf.Variable(k)
+        with tf.GradientTape() as tape:
+            g_loss = -likelihood(q_var, k_var, -1.0)
+        want_q, want_k = tape.gradient(g_loss, [q_var, k_var])
+        self.assertAllClose(g_q, want_q, atol=1e-6)
+        self.assertAllClose(g_k, want_k, atol=1e-6)
+        self.assertGreater(float(ops.max(ops.abs(g_q))), 0.0)
+        # The projections' loss is bounded below by 0; the minimax is not.
+        self.assertGreater(float(g_loss), 0.0)
+
     def test_adversary_per_head_has_one_kernel_per_head(self):
         q, k, _, _ = projected(6)
         term = KQAlignment(method="gan", adversary_per_head=True)
@@ -161,6 +193,12 @@ class KQAlignmentTest(TestCase):
         ("rho", {"rho": 1.5}, "rho"),
         ("epsilon", {"epsilon": 0}, "epsilon"),
         ("match_over", {"match_over": "layers"}, "match_over"),
+        ("gan_loss", {"method": "gan", "gan_loss": "wgan"}, "gan_loss"),
+        (
+            "gan_loss_not_gan",
+            {"method": "ct", "gan_loss": "non_saturating"},
+            "gan_loss",
+        ),
         (
             "per_head_over_heads",
             {"adversary_per_head": True, "match_over": "heads"},
@@ -337,8 +375,13 @@ class _FreeClouds(keras.layers.Layer):
 
 
 class AlignmentTrainingTest(TestCase):
-    @parameterized.parameters("gan", "ot", "mmd")
-    def test_fit_aligns_free_clouds(self, method):
+    @parameterized.parameters(
+        ("gan", "minimax"),
+        ("gan", "non_saturating"),
+        ("ot", "minimax"),
+        ("mmd", "minimax"),
+    )
+    def test_fit_aligns_free_clouds(self, method, gan_loss):
         # The paper's claim in its simplest setting: when the queries and
         # keys themselves are trained on the alignment loss (the adversary,
         # for "gan", through gradient reversal in the same step), the two
@@ -347,7 +390,9 @@ class AlignmentTrainingTest(TestCase):
         queries = rng.normal(size=(2, 32, 2, 4)).astype("float32")
         keys = (rng.normal(size=(2, 32, 2, 4)) + 2.0).astype("float32")
         keras.utils.set_random_seed(0)
-        term = KQAlignment(method=method, weight=1.0, bandwidth=4.0)
+        term = KQAlignment(
+            method=method, weight=1.0, bandwidth=4.0, gan_loss=gan_loss
+        )
         clouds = _FreeClouds(term, queries, keys)
         inputs = keras.Input((1,))
         model = keras.Model(inputs, clouds(inputs))
