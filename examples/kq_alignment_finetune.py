@@ -63,11 +63,18 @@ def build_classifier(backbone, method, weight, seq_len, lr, seed):
     losses = []
     if method != "none":
         # "mmd" trains with the informative bandwidth (see module doc).
+        # "gan-ns": the GAN term with the non-saturating losses.
+        kind, gan_loss = (
+            ("gan", "non_saturating")
+            if method == "gan-ns"
+            else (method, "minimax")
+        )
         losses = [
             KQAlignment(
-                method=method,
+                method=kind,
                 weight=weight,
                 bandwidth=SCALED_BANDWIDTH,
+                gan_loss=gan_loss,
                 name="kq_alignment",
             )
         ]
@@ -111,7 +118,13 @@ def batches(inputs, size):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--methods", nargs="+", default=None)
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        choices=["none", "gan", "gan-ns", "ct", "ot", "mmd"],
+        help="gan-ns: method 'gan' with gan_loss='non_saturating'",
+    )
     parser.add_argument("--weights", nargs="+", type=float, default=None)
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--train", type=int, default=None)
