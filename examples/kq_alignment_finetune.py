@@ -58,7 +58,9 @@ def truncated(backbone, num_layers):
     return shallow
 
 
-def build_classifier(backbone, method, weight, seq_len, lr, seed):
+def build_classifier(
+    backbone, method, weight, seq_len, lr, seed, adversary_per_head=False
+):
     keras.utils.set_random_seed(seed)
     losses = []
     if method != "none":
@@ -75,6 +77,7 @@ def build_classifier(backbone, method, weight, seq_len, lr, seed):
                 weight=weight,
                 bandwidth=SCALED_BANDWIDTH,
                 gan_loss=gan_loss,
+                adversary_per_head=adversary_per_head and kind in ("gan", "ct"),
                 name="kq_alignment",
             )
         ]
@@ -126,6 +129,11 @@ def main():
         help="gan-ns: method 'gan' with gan_loss='non_saturating'",
     )
     parser.add_argument("--weights", nargs="+", type=float, default=None)
+    parser.add_argument(
+        "--adversary-per-head",
+        action="store_true",
+        help="gan / ct: one discriminator (critic) per head, not shared",
+    )
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--train", type=int, default=None)
     parser.add_argument("--test", type=int, default=None)
@@ -168,7 +176,13 @@ def main():
     runs += [(m, w) for m in methods if m != "none" for w in weights]
     for method, weight in runs:
         model = build_classifier(
-            backbone, method, weight, seq_len, args.learning_rate, seed=0
+            backbone,
+            method,
+            weight,
+            seq_len,
+            args.learning_rate,
+            seed=0,
+            adversary_per_head=args.adversary_per_head,
         )
         t0 = time.time()
         model.fit(*train, batch_size=args.batch_size, epochs=epochs, verbose=0)

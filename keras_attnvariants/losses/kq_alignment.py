@@ -152,6 +152,11 @@ class KQAlignment(AttentionLoss):
     `T == S`). Its other deviations are bugs and are not reproduced: the
     navigator maximized the cost, the GAN detached the queries, no masks.
 
+    A shared adversary sees the clouds pooled over heads, which can match
+    while each head's own clouds move apart (heads trading places): in
+    MiniLM fine-tuning the shared GAN discriminator raised the per-head
+    MMD, one per head lowered it (README, "Key/query alignment").
+
     Computations run in float32 under mixed precision; the adversary
     variables are float32 and not autocast.
 
