@@ -47,7 +47,10 @@ GOALS = {"gan": 1.10, "ct": 1.15, "ot": 1.5}
 
 def classifier(args, method):
     keras.utils.set_random_seed(0)
-    losses = [] if method is None else [KQAlignment(method=method)]
+    losses = []
+    if method is not None:
+        per_head = args.adversary_per_head and method in ("gan", "ct")
+        losses = [KQAlignment(method=method, adversary_per_head=per_head)]
     token_ids = keras.Input((args.length,), dtype="int32")
     padding = keras.Input((args.length,), dtype="bool")
     x = keras.layers.Embedding(args.vocabulary, args.hidden)(token_ids)
@@ -108,6 +111,11 @@ def main():
         help="XLA; defaults to on (off with --quick, where compiling "
         "five models would dominate)",
     )
+    parser.add_argument(
+        "--adversary-per-head",
+        action="store_true",
+        help="gan / ct: one adversary per head (not shared)",
+    )
     parser.add_argument("--output", default=None, help="Markdown file")
     args = parser.parse_args()
     for method in args.methods:
@@ -150,7 +158,8 @@ def main():
         f", jit_compile={args.jit_compile}, {machine()}.",
         f"Model: {args.layers} blocks, hidden {args.hidden}, {args.heads} "
         f"heads x {args.hidden // args.heads}, batch {args.batch_size} x "
-        f"length {args.length} (padded), {repeats} repeats x {steps} steps.",
+        f"length {args.length} (padded), {repeats} repeats x {steps} steps"
+        + (", one adversary per head." if args.adversary_per_head else "."),
         "",
         "| method | ms/step (median) | ratio vs none (median) | goal |",
         "| --- | --- | --- | --- |",
