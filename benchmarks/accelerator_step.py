@@ -207,6 +207,7 @@ def make_step(layer, x, mode):
 
 def measure(mode, policy, batch, length, dim, heads, repeats, min_time):
     """`{label: (seconds, ratio, memory_bytes)}` for one configuration."""
+    previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)
     try:
         x = keras.ops.convert_to_tensor(
@@ -220,7 +221,7 @@ def measure(mode, policy, batch, length, dim, heads, repeats, min_time):
             calls[label], memory[label] = make_step(layer, x, mode)
             warm_up(calls[label])
     finally:
-        keras.config.set_dtype_policy("float32")
+        keras.config.set_dtype_policy(previous)
     steps = steps_for(calls[REFERENCE], min_time)
     times = time_alternating(calls, repeats, steps, seed=random.random())
     return {

@@ -39,6 +39,7 @@ from harness import time_alternating  # noqa: E402
 from harness import warm_up  # noqa: E402
 
 from keras_attnvariants.layers.hybrid_attention import HybridAttention  # noqa: E402
+from keras_attnvariants.losses.kq_alignment import ADVERSARIAL_METHODS  # noqa: E402
 from keras_attnvariants.losses.kq_alignment import KQAlignment  # noqa: E402
 
 METHODS = ("gan", "ct", "ot", "mmd")
@@ -49,7 +50,7 @@ def classifier(args, method):
     keras.utils.set_random_seed(0)
     losses = []
     if method is not None:
-        per_head = args.adversary_per_head and method in ("gan", "ct")
+        per_head = args.adversary_per_head and method in ADVERSARIAL_METHODS
         losses = [KQAlignment(method=method, adversary_per_head=per_head)]
     token_ids = keras.Input((args.length,), dtype="int32")
     padding = keras.Input((args.length,), dtype="bool")

@@ -39,6 +39,7 @@ from keras_attnvariants.backbones.pretrained import load_minilm  # noqa: E402
 from keras_attnvariants.datasets.offline import rotten_tomatoes  # noqa: E402
 from keras_attnvariants.evaluation import expected_calibration_error  # noqa: E402
 from keras_attnvariants.layers.hybrid_attention import HybridAttention  # noqa: E402
+from keras_attnvariants.losses.kq_alignment import ADVERSARIAL_METHODS  # noqa: E402
 from keras_attnvariants.losses.kq_alignment import KQAlignment  # noqa: E402
 from keras_attnvariants.losses.kq_diagnostics import key_query_mmd  # noqa: E402
 
@@ -77,7 +78,8 @@ def build_classifier(
                 weight=weight,
                 bandwidth=SCALED_BANDWIDTH,
                 gan_loss=gan_loss,
-                adversary_per_head=adversary_per_head and kind in ("gan", "ct"),
+                adversary_per_head=adversary_per_head
+                and kind in ADVERSARIAL_METHODS,
                 name="kq_alignment",
             )
         ]

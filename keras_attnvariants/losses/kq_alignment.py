@@ -13,6 +13,8 @@ from keras_attnvariants.ops.transport import squared_euclidean_cost
 from keras_attnvariants.ops.transport import uniform_marginal
 
 METHODS = ("gan", "ot", "ct", "mmd")
+# The methods with trained adversaries (`adversary_per_head` applies).
+ADVERSARIAL_METHODS = ("gan", "ct")
 GAN_LOSSES = ("minimax", "non_saturating")
 MATCH_OVER = ("tokens", "heads")
 
