@@ -36,7 +36,6 @@ Usage:
 """
 
 import os
-import platform
 import random
 import sys
 
@@ -48,6 +47,7 @@ import numpy as np  # noqa: E402
 
 # `benchmarks/` is sys.path[0] when this script runs.
 from harness import check_step_args  # noqa: E402
+from harness import device_name  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
 from harness import step_parser  # noqa: E402
@@ -272,25 +272,6 @@ def path_lines(mode, policy, results):
             f"- {mode}, {policy}, {name} explicit / fused: " + ", ".join(cells)
         )
     return lines
-
-
-def device_name():
-    backend = keras.config.backend()
-    if backend == "jax":
-        import jax
-
-        device = jax.devices()[0]
-        return f"{device.platform}: {device.device_kind}; jax {jax.__version__}"
-    if backend == "torch":
-        import torch
-
-        name = (
-            torch.cuda.get_device_name(0)
-            if torch.cuda.is_available()
-            else f"cpu ({platform.machine()})"
-        )
-        return f"{name}; torch {torch.__version__}"
-    return keras.config.backend()
 
 
 def parse_args(argv):

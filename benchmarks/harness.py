@@ -268,6 +268,26 @@ def cpu_allocator():
     return "TensorFlow default (malloc)"
 
 
+def device_name():
+    """The device the backend computes on, in words (JAX, PyTorch)."""
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        return f"{device.platform}: {device.device_kind}; jax {jax.__version__}"
+    if backend == "torch":
+        import torch
+
+        name = (
+            torch.cuda.get_device_name(0)
+            if torch.cuda.is_available()
+            else f"cpu ({platform.machine()})"
+        )
+        return f"{name}; torch {torch.__version__}"
+    return keras.config.backend()
+
+
 def machine_info():
     """dict describing the machine, backend, versions and date."""
     return {

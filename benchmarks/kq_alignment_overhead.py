@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 # `benchmarks/` is sys.path[0] when this script runs.
 from harness import cpu_allocator  # noqa: E402
 from harness import cpu_model  # noqa: E402
+from harness import device_name  # noqa: E402
 from harness import load_average_1min  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
@@ -87,10 +88,10 @@ def classifier(args, method):
 def machine():
     load = load_average_1min()
     load = "" if load is None else f", load average {load:.1f}"
-    return (
-        f"{cpu_model()}, {os.cpu_count()} cores{load}, CPU allocator "
-        f"{cpu_allocator()}"
-    )
+    host = f"{cpu_model()}, {os.cpu_count()} cores{load}"
+    if keras.config.backend() == "tensorflow":
+        return f"{host}, CPU allocator {cpu_allocator()}"
+    return f"{device_name()}; host {host}"
 
 
 def main():
@@ -117,8 +118,15 @@ def main():
         action="store_true",
         help="gan / ct: one adversary per head (not shared)",
     )
+    parser.add_argument(
+        "--dtype-policy",
+        default="float32",
+        help="keras dtype policy of every model, e.g. mixed_bfloat16 on a "
+        "GPU; the alignment terms compute in float32 under any of them",
+    )
     parser.add_argument("--output", default=None, help="Markdown file")
     args = parser.parse_args()
+    keras.config.set_dtype_policy(args.dtype_policy)
     for method in args.methods:
         if method not in METHODS:
             raise ValueError(
@@ -156,7 +164,8 @@ def main():
     times = time_alternating(calls, repeats, steps)
     lines = [
         f"KQAlignment train-step overhead: backend {keras.backend.backend()}"
-        f", jit_compile={args.jit_compile}, {machine()}.",
+        f", jit_compile={args.jit_compile}, {args.dtype_policy}, "
+        f"{machine()}.",
         f"Model: {args.layers} blocks, hidden {args.hidden}, {args.heads} "
         f"heads x {args.hidden // args.heads}, batch {args.batch_size} x "
         f"length {args.length} (padded), {repeats} repeats x {steps} steps"

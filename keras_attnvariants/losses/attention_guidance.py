@@ -171,8 +171,8 @@ class AttentionGuidanceRegularizer(AttentionLoss):
         period_id: int or list of ints, needed by `"period"`. Defaults to
             `None`.
         track_metric: bool. Report the term as a `fit` metric named after
-            the layer (the mean over the layers that call it). Defaults to
-            `True`.
+            the layer (the mean over the layers that call it; TensorFlow and
+            PyTorch backends, see `AttentionLoss`). Defaults to `True`.
         **kwargs: base layer arguments (`name`, `dtype`).
 
     Call arguments:

@@ -15,9 +15,12 @@ used in two ways:
 
 Either way the term adds itself with `add_loss` (so `fit` minimizes it) and
 updates a `keras.metrics.Mean` named after the layer, so it shows as its own
-metric in `fit` logs and progress bars (TensorFlow and PyTorch backends; the
-JAX trainer drops metric updates made inside layers, the loss itself is
-applied on every backend).
+metric in `fit` logs and progress bars, on the TensorFlow and PyTorch
+backends. The JAX trainer runs layers statelessly and keeps only their
+non-trainable variables, so a metric updated inside a layer would stay at its
+reset value (`fit` logged 0.0 for the term): under JAX the term has no
+tracker and its value does not appear in the logs. The loss itself is
+applied on every backend.
 """
 
 import threading
@@ -110,8 +113,8 @@ class AttentionLoss(keras.layers.Layer):
     `keras.metrics.Mean` named after the layer.
 
     Args:
-        track_metric: bool. Whether to report the term as a metric.
-            Defaults to `True`.
+        track_metric: bool. Whether to report the term as a metric (not
+            under JAX, see the module docstring). Defaults to `True`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`).
     """
 
@@ -124,7 +127,9 @@ class AttentionLoss(keras.layers.Layer):
     def __init__(self, track_metric=True, **kwargs):
         super().__init__(**kwargs)
         self.track_metric = bool(track_metric)
-        if self.track_metric:
+        # `loss_tracker` is None where it could not be updated (JAX).
+        self.loss_tracker = None
+        if self.track_metric and keras.config.backend() != "jax":
             self.loss_tracker = keras.metrics.Mean(name=self.name)
 
     def compute_loss_value(self, *args, **kwargs):
@@ -141,9 +146,9 @@ class AttentionLoss(keras.layers.Layer):
         value = ops.cast(self.compute_loss_value(*args, **kwargs), "float32")
         if not in_symbolic_scope():
             self.add_loss(value)
-            # JAX trains through a stateless scope that drops metric updates
-            # made inside layers; the loss itself is still collected there.
-            if self.track_metric and not in_stateless_scope():
+            # Stateless scopes (the JAX trainer) drop metric updates made
+            # inside layers; the loss itself is still collected there.
+            if self.loss_tracker is not None and not in_stateless_scope():
                 self.loss_tracker.update_state(value)
         return value
 

@@ -185,8 +185,8 @@ class KQAlignment(AttentionLoss):
             gradient. Defaults to `1.0`.
         gan_loss: `"minimax"` (paper) or `"non_saturating"` (`"gan"`
             only). Defaults to `"minimax"`.
-        track_metric: bool. Report the term as a metric. Defaults to
-            `True`.
+        track_metric: bool. Report the term as a metric (TensorFlow and
+            PyTorch backends, see `AttentionLoss`). Defaults to `True`.
         **kwargs: base layer arguments (`name`, `dtype`).
 
     Call arguments:

@@ -223,8 +223,13 @@ class KQAlignmentTest(TestCase):
         model = keras.Model(inputs, layer(inputs, inputs))
         model.compile("adam", "mse")
         history = model.fit(x, np.zeros_like(x), epochs=2, verbose=0)
-        values = history.history[f"align_{method}"]
-        self.assertTrue(np.all(np.isfinite(values)), values)
+        if keras.config.backend() == "jax":
+            # No tracker under JAX (AttentionLoss): no stale 0.0 either.
+            self.assertNotIn(f"align_{method}", history.history)
+        else:
+            values = history.history[f"align_{method}"]
+            self.assertTrue(np.all(np.isfinite(values)), values)
+            self.assertTrue(np.all(np.array(values) != 0.0), values)
         self.assertEqual(len(term.trainable_weights) > 0, method != "ot")
         # It round trips inside the attention layer's config.
         clone = HybridAttention.from_config(layer.get_config())
@@ -246,7 +251,10 @@ class KQAlignmentTest(TestCase):
         model = Model()
         model.compile("adam", "mse")
         history = model.fit(x, np.zeros_like(x), epochs=2, verbose=0)
-        self.assertIn("kq_alignment", history.history)
+        self.assertEqual(
+            "kq_alignment" in history.history,
+            keras.config.backend() != "jax",
+        )
         q, k = (ops.convert_to_numpy(t) for t in kq_projections(model.mha, x))
         want = np.mean(
             [
