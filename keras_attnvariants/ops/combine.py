@@ -32,9 +32,9 @@ from keras import ops
 
 from keras_attnvariants.ops.gumbel import argmax_indices
 from keras_attnvariants.ops.gumbel import gather_values
-from keras_attnvariants.ops.gumbel import one_hot_at
 from keras_attnvariants.ops.gumbel import relaxed_logits
 from keras_attnvariants.ops.gumbel import rows_with_valid_key
+from keras_attnvariants.ops.gumbel import scatter_values
 from keras_attnvariants.ops.gumbel import selection_logits
 from keras_attnvariants.ops.normalization import _column_log_normalizer
 from keras_attnvariants.ops.normalization import _prepare
@@ -310,7 +310,9 @@ def straight_through_gumbel_attend(
     gather, no `S`-long weighted sum), exactly as the one-hot weights do.
     Backward: the relaxed sample's gradient, `dy = A (g - sum_j g A)` with
     `A = softmax(y)` and `g = dO V^T`, and `dV = H^T dO` for the one-hot
-    `H`, which is what autodiff of `(H + A - stop_gradient(A)) @ V` gives.
+    `H`, which is what autodiff of `(H + A - stop_gradient(A)) @ V` gives;
+    `H^T dO` is a segment sum of the rows of `dO` by picked key
+    (`scatter_values`), not an `S`-long matmul with the one-hot weights.
     Arguments and result as in `relaxed_gumbel_attend`.
     """
     logits = relaxed_logits(scores, noise, temperature, mask)
@@ -319,14 +321,14 @@ def straight_through_gumbel_attend(
     @ops.custom_gradient
     def attend(y, value):
         indices = argmax_indices(selection_logits(y, mask))
-        out = gather_values(value, indices, rows_with_valid_key(mask, indices))
+        row_valid = rows_with_valid_key(mask, indices)
+        out = gather_values(value, indices, row_valid)
 
         def grad(*args, upstream=None):
             d_out = _upstream(args, upstream)
-            hard = ops.cast(
-                one_hot_at(indices, ops.shape(y)[-1], mask), value.dtype
+            d_value = scatter_values(
+                d_out, indices, ops.shape(value), row_valid
             )
-            d_value = ops.einsum(VALUE_GRAD_EQUATION, d_out, hard)
             e, inv, _ = _masked_row_exp(y, mask)
             weighted = _scores_upstream(d_out, value) * e
             r = ops.sum(weighted, axis=-1, keepdims=True)

@@ -1,4 +1,6 @@
+import keras
 import numpy as np
+from absl.testing import parameterized
 from keras import ops
 
 from keras_attnvariants.ops import gumbel
@@ -112,6 +114,43 @@ class GumbelOpsTest(TestCase):
         one_hot = np.eye(7)[idx] * row_valid[..., None]
         want = np.einsum("bnts,bsnh->btnh", one_hot, value)
         self.assertAllClose(got, want, atol=1e-6)
+
+    def test_scatter_values_is_the_transpose_of_gather_values(self):
+        rng = np.random.default_rng(6)
+        d_picked = rng.normal(size=(2, 5, 3, 4)).astype("float32")
+        # Few keys, many queries: most keys are picked several times.
+        idx = rng.integers(0, 3, size=(2, 3, 5)).astype("int32")
+        row_valid = rng.random((2, 3, 5)) > 0.2
+        got = gumbel.scatter_values(d_picked, idx, (2, 7, 3, 4), row_valid)
+        one_hot = np.eye(7)[idx] * row_valid[..., None]
+        want = np.einsum("btnh,bnts->bsnh", d_picked, one_hot)
+        self.assertAllClose(got, want, atol=1e-6)
+        self.assertAllEqual(np.asarray(got)[:, 3:], 0.0)
+        # <gather(V), D> == <V, scatter(D)> for every V and D.
+        value = rng.normal(size=(2, 7, 3, 4)).astype("float32")
+        picked = gumbel.gather_values(value, idx, row_valid)
+        self.assertAllClose(
+            np.sum(np.asarray(picked) * d_picked),
+            np.sum(value * np.asarray(got)),
+            rtol=1e-5,
+        )
+
+    @parameterized.parameters("float16", "bfloat16")
+    def test_scatter_values_keeps_dtype_and_sums_in_float32(self, dtype):
+        # 600 queries pick key 0 with the same gradient row. A running sum
+        # in the half type rounds every step: bfloat16 stalls at 256 (its
+        # spacing there is 2), float16 ends at 600.0 instead of 600.5.
+        d_picked = np.full((1, 600, 1, 2), 1.001, "float32")
+        idx = np.zeros((1, 1, 600), "int32")
+        got = gumbel.scatter_values(
+            ops.cast(d_picked, dtype), idx, (1, 4, 1, 2)
+        )
+        self.assertEqual(keras.backend.standardize_dtype(got.dtype), dtype)
+        got = ops.convert_to_numpy(ops.cast(got, "float32"))
+        row = ops.convert_to_numpy(ops.cast(ops.cast(1.001, dtype), "float32"))
+        want = ops.cast(ops.cast(600 * row, dtype), "float32")
+        self.assertAllEqual(got[0, 0, 0], [ops.convert_to_numpy(want)] * 2)
+        self.assertAllEqual(got[0, 1:], 0.0)
 
     def test_invalid_temperature_raises(self):
         scores, mask = inputs()
