@@ -182,6 +182,8 @@ def _replace_self_attention(block, attention_class, attention_kwargs):
         _check_decoder_class(attention_class)
         layer_class = cached_attention_class(attention_class)
     new = layer_class(name=old.name, dtype=old.dtype_policy, **config)
+    if isinstance(new, VariantAttention):
+        new._is_self_attention = True
     query_dim = old._query_dense.kernel.shape[0]
     key_dim = old._key_dense.kernel.shape[0]
     value_dim = old._value_dense.kernel.shape[0]

@@ -32,6 +32,24 @@ def prefer_fused_path():
     return keras.config.backend() == "torch"
 
 
+def serialize_attention_loss(term):
+    """`term`'s config, tagged so that one term shared by layers stays one.
+
+    While saving, Keras tags an object it meets a second time with a
+    `shared_object_id`, and loading then rebuilds one instance for all
+    configs with that id. It tags the first occurrence by mutating the
+    config it recorded, but a config nested in a layer's `get_config` has
+    been copied by then (`serialization_lib.serialize_dict`): the first
+    layer's copy stayed untagged, so a term attached to several layers came
+    back as two terms (and an adversarial term failed to load its weights).
+    Tagging every occurrence here keeps it one term. Outside a Keras
+    sharing scope (plain `from_config`) the tag is ignored.
+    """
+    config = keras.saving.serialize_keras_object(term)
+    config["shared_object_id"] = id(term)
+    return config
+
+
 @keras.saving.register_keras_serializable(package="keras_attnvariants")
 class VariantAttention(keras.layers.MultiHeadAttention):
     """Base class: `MultiHeadAttention` with a replaceable normalization.
@@ -72,6 +90,11 @@ class VariantAttention(keras.layers.MultiHeadAttention):
     """
 
     supports_causal = True
+    # Set on the self-attention layers `convert_backbone` creates: attached
+    # terms then leave out padded queries (see `build_context`) even where
+    # `self_attention_padding` is off (decoders, whose KV-cache calls have
+    # `T != S`).
+    _is_self_attention = False
 
     def __init__(
         self,
@@ -112,6 +135,11 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         self.attention_losses = losses
         self.self_attention_padding = bool(self_attention_padding)
         self.attention_path = attention_path
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        super().build(query_shape, value_shape, key_shape)
+        for term in self.attention_losses:
+            term.build_for_attention(self._num_heads, self._key_dim)
 
     def call(
         self,
@@ -293,7 +321,12 @@ class VariantAttention(keras.layers.MultiHeadAttention):
 
     def _apply_attention_losses(self, weights, query, key, mask):
         context = build_context(
-            self, weights, query, key, None if mask is None else mask[:, 0]
+            self,
+            weights,
+            query,
+            key,
+            None if mask is None else mask[:, 0],
+            self_attention=self._is_self_attention,
         )
         for term in self.attention_losses:
             term.from_attention(context)
@@ -351,7 +384,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         config.update(
             {
                 "attention_losses": [
-                    keras.saving.serialize_keras_object(term)
+                    serialize_attention_loss(term)
                     for term in self.attention_losses
                 ],
                 "self_attention_padding": self.self_attention_padding,

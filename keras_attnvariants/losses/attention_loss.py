@@ -79,8 +79,17 @@ class AttentionContext(dict):
     """
 
 
-def build_context(layer, weights, query, key, attention_mask):
-    """Builds the `AttentionContext` of one attention call."""
+def build_context(
+    layer, weights, query, key, attention_mask, self_attention=False
+):
+    """Builds the `AttentionContext` of one attention call.
+
+    With `self_attention` (queries and keys are the same positions,
+    `T == S`), a position that no query may attend is padding for both
+    clouds: in a causal decoder with right padding a padded query still
+    attends the real keys before it, so `any(mask, -1)` alone would count
+    it as a real query.
+    """
     query_mask = key_mask = None
     if attention_mask is not None:
         mask = ops.cast(attention_mask, "bool")
@@ -89,6 +98,8 @@ def build_context(layer, weights, query, key, attention_mask):
         mask = ops.broadcast_to(mask, shape)
         query_mask = ops.any(mask, axis=-1)
         key_mask = ops.any(mask, axis=-2)
+        if self_attention and query.shape[1] == key.shape[1]:
+            query_mask = ops.logical_and(query_mask, key_mask)
         attention_mask = mask
     return AttentionContext(
         attention_weights=weights,
@@ -125,6 +136,10 @@ class AttentionLoss(keras.layers.Layer):
     needs_attention_weights = True
 
     def __init__(self, track_metric=True, **kwargs):
+        # Terms compute in float32 under any policy: no casting of their
+        # inputs to a float16 compute dtype first (float32 attention
+        # weights would lose precision, large activations overflow).
+        kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
         self.track_metric = bool(track_metric)
         # `loss_tracker` is None where it could not be updated (JAX).
@@ -136,6 +151,16 @@ class AttentionLoss(keras.layers.Layer):
         raise NotImplementedError(
             f"{type(self).__name__} must implement `compute_loss_value`."
         )
+
+    def build_for_attention(self, num_heads, key_dim):
+        """Creates the term's weights for an attention layer of this size.
+
+        Attention layers call this from their `build` with their number of
+        heads and query/key head size, so a term's weights exist before the
+        first call: a converted backbone (built directly, never called
+        symbolically) then saves and reloads them. The base class has no
+        weights and does nothing; terms with weights build them here.
+        """
 
     def from_attention(self, context):
         raise NotImplementedError(

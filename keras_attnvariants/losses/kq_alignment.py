@@ -19,6 +19,11 @@ GAN_LOSSES = ("minimax", "non_saturating")
 MATCH_OVER = ("tokens", "heads")
 
 
+def _same(a, b):
+    """Two static sizes agree (an unknown size agrees with anything)."""
+    return a is None or b is None or a == b
+
+
 def _check_float(name, value, low, low_inclusive):
     ok = not isinstance(value, bool) and isinstance(value, (int, float))
     if ok:
@@ -306,7 +311,9 @@ class KQAlignment(AttentionLoss):
             groups=groups,
             reversal_beta=self.reversal_beta if reverse else None,
             name=name,
-            dtype=self.dtype_policy,
+            # float32 compute: under a mixed policy `Layer.__call__` would
+            # cast the inputs to float16 first (overflow above 65504).
+            dtype="float32",
         )
         layer.build(shape)
         return layer
@@ -334,6 +341,7 @@ class KQAlignment(AttentionLoss):
                 f"query with shape {tuple(query_shape)}"
             )
         num_heads, dim = query_shape[2], query_shape[3]
+        self._built_heads = (num_heads, dim)
         groups = num_heads if self.adversary_per_head else None
         hidden = self.hidden_dim or dim
         if self.method == "gan":
@@ -366,8 +374,68 @@ class KQAlignment(AttentionLoss):
             ]
         self.built = True
 
+    def build_for_attention(self, num_heads, key_dim):
+        if not self.built:
+            self.build((None, None, num_heads, key_dim))
+
     def call(self, query, key, query_mask=None, key_mask=None):
+        self._check_inputs(query, key, query_mask, key_mask)
         return super().call(query, key, query_mask, key_mask)
+
+    def compute_output_spec(self, query, key, query_mask=None, key_mask=None):
+        self._check_inputs(query, key, query_mask, key_mask)
+        return super().compute_output_spec(query, key, query_mask, key_mask)
+
+    def _fits_adversary(self, query_shape):
+        """Whether queries of this shape fit the built adversary's weights
+        (its head size; its number of heads too when there is one per
+        head). Methods without weights fit any shape."""
+        built = getattr(self, "_built_heads", None)
+        if built is None or self.method not in ADVERSARIAL_METHODS:
+            return True
+        heads, dim = built
+        return _same(query_shape[3], dim) and (
+            not self.adversary_per_head or _same(query_shape[2], heads)
+        )
+
+    def _check_inputs(self, query, key, query_mask, key_mask):
+        """`ValueError` unless the shapes are `(B, T, N, H)`, `(B, S, N, H)`
+        (fitting the built adversary), `(B, T)` and `(B, S)`."""
+        q_shape, k_shape = tuple(query.shape), tuple(key.shape)
+        problem = None
+        if len(q_shape) != 4 or len(k_shape) != 4:
+            problem = "both must have rank 4"
+        elif not _same(q_shape[0], k_shape[0]) or not all(
+            _same(a, b) for a, b in zip(q_shape[2:], k_shape[2:])
+        ):
+            problem = "batch, heads and head size must match"
+        elif not self._fits_adversary(q_shape):
+            heads, dim = self._built_heads
+            problem = (
+                f"its adversary was built for {heads} heads of size {dim}"
+                if self.adversary_per_head
+                else f"its adversary was built for heads of size {dim}"
+            )
+        if problem is not None:
+            raise ValueError(
+                "`query` and `key` must be projected queries (B, T, N, H) "
+                f"and keys (B, S, N, H): {problem}. Received: query with "
+                f"shape {q_shape}, key with shape {k_shape}"
+            )
+        for name, mask, points in (
+            ("query_mask", query_mask, q_shape[:2]),
+            ("key_mask", key_mask, k_shape[:2]),
+        ):
+            if mask is None:
+                continue
+            shape = tuple(mask.shape)
+            if len(shape) != 2 or not all(
+                _same(a, b) for a, b in zip(shape, points)
+            ):
+                raise ValueError(
+                    f"`{name}` must be a boolean (batch, length) = {points} "
+                    f"tensor. Received: {name} with shape {shape}"
+                )
 
     def from_attention(self, context):
         return self(

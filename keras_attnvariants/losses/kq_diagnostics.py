@@ -16,9 +16,10 @@ called with, and then calls the original. The wrappers are removed in a
 documents and our contract test pins its signature
 (`tests/layers/mha_contract_test.py`). Padding comes from the attention
 mask exactly as `AttentionContext` derives it: a query is real if it may
-attend some key, a key if some query may attend it; in layers with
-`self_attention_padding=True` (converted keras-hub encoders, whose masks
-cover only padded keys) a query is real only if its position is a real key.
+attend some key, a key if some query may attend it; in layers known to be
+self-attention (keras-hub blocks' self-attention, converted or not, and
+layers with `self_attention_padding=True`) a query is real only if its
+position is a real key too, so padding never enters a cloud.
 """
 
 import numpy as np
@@ -41,6 +42,28 @@ def attention_layers(model):
 
     visit(model)
     return list(dict.fromkeys(found))
+
+
+def self_attention_layers(model):
+    """`{id(layer)}` of the attention layers of `model` known to be
+    self-attention: the `_self_attention_layer` of keras-hub transformer
+    blocks (converted or not) and layers of this package with
+    `self_attention_padding` or created by `convert_backbone`."""
+    found = set()
+
+    def visit(layer):
+        inner = getattr(layer, "_self_attention_layer", None)
+        if isinstance(inner, layers.MultiHeadAttention):
+            found.add(id(inner))
+        if getattr(layer, "self_attention_padding", False) or getattr(
+            layer, "_is_self_attention", False
+        ):
+            found.add(id(layer))
+        for child in layer._flatten_layers(include_self=False, recursive=False):
+            visit(child)
+
+    visit(model)
+    return found
 
 
 def layer_labels(targets):
@@ -77,6 +100,7 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
     # keras-hub names every block's attention "self_attention_layer":
     # key the results by a unique label so that layers are not merged.
     labels = layer_labels(targets)
+    self_attention = self_attention_layers(model)
     sums = {label: 0.0 for label in labels.values()}
     counts = {label: 0.0 for label in labels.values()}
     for index, batch in enumerate(dataset):
@@ -92,7 +116,7 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
                 call.key,
                 call.attention_mask,
                 bandwidth,
-                getattr(call.layer, "self_attention_padding", False),
+                id(call.layer) in self_attention,
             )
             sums[name] = sums[name] + value
             counts[name] += present
@@ -103,12 +127,12 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
     return {"per_head": per_head, "total": total}
 
 
-def _per_head_mmd(query, key, mask, bandwidth, self_attention_padding=False):
+def _per_head_mmd(query, key, mask, bandwidth, self_attention=False):
     """Sum over examples of the per-head MMD `(N,)`, and the example count.
 
-    With `self_attention_padding` (layers of this package that have it, as
-    in converted keras-hub encoders, whose masks cover only padded keys), a
-    query is real only if its own position is a real key, as in training.
+    In self-attention (`T == S`), a query is real only if its own position
+    is a real key, as in training: keras-hub encoders mask only padded keys
+    and causal decoders let padded queries attend the real keys before them.
     """
     # clouds: (B, N, T, H) and (B, N, S, H)
     q = ops.transpose(ops.cast(query, "float32"), (0, 2, 1, 3))
@@ -126,7 +150,7 @@ def _per_head_mmd(query, key, mask, bandwidth, self_attention_padding=False):
         mask = ops.broadcast_to(mask, (batch, q_len, k_len))
         q_valid = ops.any(mask, axis=-1)
         k_valid = ops.any(mask, axis=-2)
-        if self_attention_padding and q_len == k_len:
+        if self_attention and q_len == k_len:
             q_valid = ops.logical_and(q_valid, k_valid)
     mmd = gaussian_mmd(
         q, k, q_valid[:, None, :], k_valid[:, None, :], bandwidth

@@ -122,3 +122,41 @@ class SerializationTest(TestCase):
         expected = self.expected
         for key in ("sequence_output", "pooled_output"):
             self.assertAllClose(served[key].numpy(), expected[key], atol=1e-6)
+
+    def test_attached_adversary_is_built_saved_and_reloaded(self):
+        # One CT term shared by both blocks, as `convert_backbone` attaches
+        # it: built with the layers (a converted backbone is never called
+        # symbolically), saved once and reloaded shared, with its weights.
+        backbone = keras_hub.models.BertBackbone(
+            vocabulary_size=50,
+            num_layers=2,
+            num_heads=2,
+            hidden_dim=8,
+            intermediate_dim=16,
+            max_sequence_length=8,
+        )
+        term = kav.KQAlignment(method="ct", name="align")
+        converted = convert_backbone(
+            backbone,
+            kav.HybridAttention,
+            hybrid_init=0.0,
+            attention_losses=[term],
+        )
+        layers = self_attention_layers(converted)
+        shared = layers[0].attention_losses[0]
+        self.assertIs(layers[1].attention_losses[0], shared)
+        self.assertTrue(shared.built)
+        self.assertLen(shared.weights, 12)  # critic 4 + navigator 2 dense
+        rng = np.random.default_rng(3)
+        for variable in shared.weights:
+            variable.assign(rng.normal(size=variable.shape))
+        expected = [np.asarray(v) for v in shared.weights]
+        path = os.path.join(self.get_temp_dir(), "aligned.keras")
+        converted.save(path)
+        reloaded = keras.saving.load_model(path)
+        layers = self_attention_layers(reloaded)
+        term = layers[0].attention_losses[0]
+        self.assertIs(layers[1].attention_losses[0], term)
+        self.assertLen(term.weights, 12)
+        for got, want in zip(term.weights, expected):
+            self.assertAllClose(np.asarray(got), want)

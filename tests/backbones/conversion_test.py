@@ -12,6 +12,8 @@ import keras_attnvariants as kav
 from keras_attnvariants.backbones import conversion
 from keras_attnvariants.backbones.conversion import convert_backbone
 from keras_attnvariants.backbones.conversion import self_attention_layers
+from keras_attnvariants.layers.variant_attention import VariantAttention
+from keras_attnvariants.ops.normalization import masked_softmax
 from keras_attnvariants.testing.test_case import TestCase
 
 keras_hub = pytest.importorskip(
@@ -263,6 +265,54 @@ class ConvertBackboneTest(TestCase):
         self.assertEqual(tuple(out.shape), (2, 1, 8))
         self.assertEqual(tuple(new_cache.shape), cache.shape)
 
+    def test_decoder_alignment_term_ignores_padding(self):
+        # A causal decoder with right padding lets padded queries attend
+        # the real keys before them; they must still stay out of the query
+        # cloud, so the term does not depend on how much padding follows.
+        original = keras_hub.models.GPT2Backbone(
+            vocabulary_size=50,
+            intermediate_dim=16,
+            max_sequence_length=8,
+            dropout=0.0,
+            **SMALL,
+        )
+        term = kav.KQAlignment(method="mmd", weight=1.0)
+        converted = convert_backbone(
+            original, SoftmaxAttention, attention_losses=[term]
+        )
+        values = []
+        padded = backbone_inputs(original, lengths=(4, 3), total=8)
+        for total in (4, 6, 8):
+            data = {key: value[:, :total] for key, value in padded.items()}
+            converted(data, training=True)
+            values.append(float(sum(np.asarray(x) for x in converted.losses)))
+        self.assertGreater(values[0], 0.0)
+        self.assertAllClose(values[1:], [values[0]] * 2, atol=1e-6)
+
+    def test_key_query_mmd_ignores_padding(self):
+        # keras-hub blocks mask only padded keys (encoders) or let padded
+        # queries attend earlier real keys (decoders): the diagnostic must
+        # still leave padded queries out, for original models too.
+        from keras_attnvariants.losses.kq_diagnostics import key_query_mmd
+
+        models = {
+            "bert": self.originals["bert"],
+            "bert_converted": convert_backbone(
+                self.originals["bert"], kav.HybridAttention, hybrid_init=0.0
+            ),
+            "gpt2": self.gpt2,
+        }
+        for name, model in models.items():
+            padded = backbone_inputs(model, lengths=(5, 3), total=8)
+            totals = [
+                key_query_mmd(
+                    model, [{k: v[:, :total] for k, v in padded.items()}]
+                )["total"]
+                for total in (5, 8)
+            ]
+            self.assertGreater(totals[0], 0.0, name)
+            self.assertAllClose(totals[1], totals[0], atol=1e-5, msg=name)
+
     def test_user_subclass_in_encoder_changes_outputs_as_defined(self):
         original = self.originals["bert"]
         same = convert_backbone(original, ScaledLogitsAttention)
@@ -351,6 +401,13 @@ class ConvertBackboneTest(TestCase):
 
 
 @keras.saving.register_keras_serializable(package="kav_backbone_tests")
+class SoftmaxAttention(VariantAttention):
+    """Plain softmax through `VariantAttention` (causal, takes losses)."""
+
+    def normalize(self, scores, mask):
+        return masked_softmax(scores, mask)
+
+
 class ScaledLogitsAttention(keras.layers.MultiHeadAttention):
     """A user's own MHA subclass: softmax of `scale * QK^T / sqrt(H)`."""
 

@@ -1,3 +1,5 @@
+import os
+
 import keras
 import numpy as np
 from absl.testing import parameterized
@@ -234,6 +236,89 @@ class KQAlignmentTest(TestCase):
         # It round trips inside the attention layer's config.
         clone = HybridAttention.from_config(layer.get_config())
         self.assertEqual(clone.attention_losses[0].method, method)
+
+    @parameterized.parameters("ct", "gan", "mmd")
+    def test_term_shared_by_layers_survives_keras_round_trip(self, method):
+        x = np.random.default_rng(14).normal(size=(4, 5, 8)).astype("float32")
+        term = KQAlignment(method=method, weight=0.1, name="align")
+        inputs = keras.Input((5, 8))
+        first = HybridAttention(
+            2, 4, hybrid_init=0.0, attention_losses=[term], name="first"
+        )
+        second = HybridAttention(
+            2, 4, hybrid_init=0.0, attention_losses=[term], name="second"
+        )
+        h = first(inputs, inputs)
+        model = keras.Model(inputs, second(h, h))
+        model.compile(keras.optimizers.SGD(0.5), "mse")
+        model.fit(x, x, epochs=2, batch_size=4, verbose=0)
+        path = os.path.join(self.get_temp_dir(), f"shared_{method}.keras")
+        model.save(path)
+        loaded = keras.saving.load_model(path)
+        terms = [
+            loaded.get_layer(name).attention_losses[0]
+            for name in ("first", "second")
+        ]
+        self.assertIs(terms[0], terms[1])
+        self.assertLen(terms[0].weights, len(term.weights))
+        for got, want in zip(terms[0].weights, term.weights):
+            self.assertAllClose(np.asarray(got), np.asarray(want))
+        # One metric for the one term (none under JAX).
+        names = [m.name for m in loaded.metrics]
+        tracked = keras.config.backend() != "jax"
+        self.assertEqual(names.count("align"), int(tracked))
+        self.assertEqual(
+            [m.name for m in model.metrics], [m.name for m in loaded.metrics]
+        )
+        self.assertAllClose(
+            loaded.predict(x, verbose=0), model.predict(x, verbose=0)
+        )
+        q, k, q_mask, k_mask = projected(15)
+        self.assertAllClose(
+            terms[0](q, k, q_mask, k_mask), term(q, k, q_mask, k_mask)
+        )
+
+    @parameterized.parameters("ct", "gan", "mmd")
+    def test_attached_term_is_built_with_its_attention_layer(self, method):
+        term = KQAlignment(method=method)
+        layer = HybridAttention(3, 4, hybrid_init=0.0, attention_losses=[term])
+        layer.build((None, 5, 8), (None, 5, 8))
+        self.assertTrue(term.built)
+        self.assertEqual(len(term.weights) > 0, method != "mmd")
+
+    @parameterized.parameters("ct", "gan")
+    def test_float32_inputs_beyond_float16_under_mixed_policy(self, method):
+        # The terms compute in float32: neither the term nor its adversary
+        # casts its inputs to the float16 compute dtype (overflow -> NaN).
+        q, k, q_mask, k_mask = projected(16)
+        term = KQAlignment(method=method, weight=1.0, dtype="mixed_float16")
+        value = term(q * 1e5, k * 1e5, q_mask, k_mask)
+        self.assertTrue(np.isfinite(float(value)), value)
+
+    @parameterized.named_parameters(
+        ("rank", (2, 6, 12), (2, 7, 3, 4), None, None, "projected queries"),
+        ("key_rank", (2, 6, 3, 4), (2, 7, 12), None, None, "rank 4"),
+        ("batch", (2, 6, 3, 4), (1, 7, 3, 4), None, None, "must match"),
+        ("head_size", (2, 6, 3, 4), (2, 7, 3, 5), None, None, "must match"),
+        ("heads", (2, 6, 3, 4), (2, 7, 2, 4), None, None, "must match"),
+        ("query_mask", (2, 6, 3, 4), (2, 7, 3, 4), (2, 7), None, "query_mask"),
+        ("key_mask", (2, 6, 3, 4), (2, 7, 3, 4), None, (2, 7, 1), "key_mask"),
+    )
+    def test_bad_shapes_raise(self, q_shape, k_shape, q_mask, k_mask, name):
+        term = KQAlignment(method="ot")
+        q = np.zeros(q_shape, "float32")
+        k = np.zeros(k_shape, "float32")
+        q_mask = None if q_mask is None else np.ones(q_mask, bool)
+        k_mask = None if k_mask is None else np.ones(k_mask, bool)
+        with self.assertRaisesRegex(ValueError, name):
+            term(q, k, query_mask=q_mask, key_mask=k_mask)
+
+    def test_adversary_rejects_another_head_size(self):
+        q, k, _, _ = projected(17)
+        term = KQAlignment(method="gan")
+        term(q, k)
+        with self.assertRaisesRegex(ValueError, "heads of size 4"):
+            term(np.zeros((2, 6, 3, 6), "float32"), np.zeros((2, 7, 3, 6)))
 
     def test_plain_multi_head_attention_through_kq_projections(self):
         class Model(keras.Model):
