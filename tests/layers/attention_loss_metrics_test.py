@@ -58,11 +58,23 @@ class AttentionLossMetricsTest(TestCase, parameterized.TestCase):
         else:
             self.assertLen(trackers, want)
 
-    def test_fit_logs_the_term_or_nothing_never_a_stale_zero(self):
+    @parameterized.named_parameters(
+        ("float32", "float32"), ("mixed_bfloat16", "mixed_bfloat16")
+    )
+    def test_fit_logs_the_term_or_nothing_never_a_stale_zero(self, policy):
+        # Under a mixed policy the term runs inside the attention layer's
+        # autocast scope; on torch a metric updated there wrote to a
+        # bfloat16 copy of its variables and stayed 0.0 (terms now turn off
+        # autocasting).
         rng = np.random.default_rng(0)
         x = rng.normal(size=(4, 5, 8)).astype("float32")
-        term = QueryMean(name="q_mean")
-        model = stacked_model(lambda i: [term], layers=2)
+        previous = keras.config.dtype_policy()
+        keras.config.set_dtype_policy(policy)
+        try:
+            term = QueryMean(name="q_mean")
+            model = stacked_model(lambda i: [term], layers=2)
+        finally:
+            keras.config.set_dtype_policy(previous)
         history = model.fit(x, np.zeros_like(x), epochs=1, verbose=0)
         if keras.config.backend() == "jax":
             # The JAX trainer drops metric updates made inside layers.
