@@ -58,7 +58,9 @@ def distributed_uniform(shape, seed_generator):
     Under `tf.distribute` every replica holds the same `SeedGenerator`
     state, so `keras.random` would give every replica the same noise. On
     the TensorFlow backend, inside a replica context with more than one
-    replica, the replica id is folded into the drawn seed.
+    replica, the replica id is folded into the drawn seed
+    (`stateless_fold_in`), so every (step, replica) pair draws its own
+    noise.
 
     On TensorFlow the stateless algorithm is chosen per trace.
     `keras.random`'s default ("auto_select") measured about 60x slower
@@ -77,8 +79,10 @@ def distributed_uniform(shape, seed_generator):
     seed = tf.cast(seed_generator.next(), "int64")
     context = tf.distribute.get_replica_context()
     if context is not None and context.num_replicas_in_sync > 1:
-        replica = tf.cast(context.replica_id_in_sync_group, "int64")
-        seed = seed + tf.stack([tf.constant(0, "int64"), replica + 1])
+        # Hashed in, not added: `counter + replica` made replica r at step
+        # k + 1 redraw replica r + 1's noise of step k.
+        replica = tf.cast(context.replica_id_in_sync_group, "int32")
+        seed = tf.random.experimental.stateless_fold_in(seed, replica)
     algorithm = "threefry" if _tracing_for_xla() else "philox"
     return tf.random.stateless_uniform(
         shape, seed=seed, dtype="float32", alg=algorithm
