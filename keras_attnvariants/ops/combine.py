@@ -28,6 +28,7 @@ entries get weight 0 and a query with no valid key outputs 0.
 """
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attnvariants.ops.gumbel import argmax_indices
@@ -60,11 +61,18 @@ def _output_layout(t):
 def _masked_row_exp(y, mask):
     """`e = exp(y - max_j y)` (0 where masked), `1 / sum_j e`, `max_j y`.
 
-    A row without a valid key has `e = 0` and a reciprocal of 1, so its
+    The maximum is over the valid keys: masked entries hold `MASK_FILL`,
+    and valid ones can lie below it (Gumbel logits divided by a low
+    temperature), which would make every `e` of the row underflow to 0. A
+    row without a valid key has `e = 0` and a reciprocal of 1, so its
     weights and output are 0. (`ops.normalization._row_exp` sums before
     masking and returns the sum; here the sum is over valid keys only.)
     """
-    top = ops.max(y, axis=-1, keepdims=True)
+    if mask is None:
+        top = ops.max(y, axis=-1, keepdims=True)
+    else:
+        top = ops.max(ops.where(mask, y, -np.inf), axis=-1, keepdims=True)
+        top = ops.where(top > -np.inf, top, 0.0)
     e = ops.exp(y - top)
     if mask is not None:
         e = ops.where(mask, e, 0.0)

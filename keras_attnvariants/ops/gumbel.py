@@ -143,14 +143,22 @@ def relaxed_logits(scores, noise, temperature=1.0, mask=None):
     `log_softmax(s) = s - logsumexp_j(s)` shifts each row by a constant,
     which the softmax removes: the clamped scores give the same sample,
     gradient included, without a logsumexp pass. Masked entries are
-    `MASK_FILL`.
+    `-2e9 / temperature` (at most `MASK_FILL`): below every valid entry,
+    whose scores are clamped to `+-1e9` before the division, so a low
+    temperature cannot push valid keys under the masked ones (a fixed
+    `MASK_FILL` did at `|s| / temperature > 1e9`). Temperatures below
+    `1e-20` get the fill of `1e-20`.
     """
     _check_temperature(temperature)
-    logits = masked_logits(scores, mask)
-    y = (logits + ops.cast(noise, "float32")) / ops.cast(temperature, "float32")
+    temperature = ops.cast(temperature, "float32")
+    logits = _clamp_logits(ops.cast(scores, "float32"))
+    y = (logits + ops.cast(noise, "float32")) / temperature
     if mask is not None:
+        fill = ops.minimum(
+            MASK_FILL, -2.0 * LOGIT_BOUND / ops.maximum(temperature, 1e-20)
+        )
         mask_b = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(y))
-        y = ops.where(mask_b, y, MASK_FILL)
+        y = ops.where(mask_b, y, fill)
     return y
 
 

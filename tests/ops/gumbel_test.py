@@ -152,6 +152,24 @@ class GumbelOpsTest(TestCase):
         self.assertAllEqual(got[0, 0, 0], [ops.convert_to_numpy(want)] * 2)
         self.assertAllEqual(got[0, 1:], 0.0)
 
+    def test_low_temperature_never_prefers_masked_keys(self):
+        # |s| / temperature far beyond the mask fill of the old code (1e9).
+        from keras_attnvariants.ops import combine
+
+        scores = np.array([[[-2e7, -3e7, 5.0]]], "float32")
+        mask = np.array([[[True, True, False]]])
+        noise = np.zeros_like(scores)
+        for temperature in (1.0, 0.01, 1e-4):
+            weights = gumbel.relaxed_sample(scores, noise, temperature, mask)
+            self.assertAllClose(weights, [[[1.0, 0.0, 0.0]]])
+        value = np.arange(6, dtype="float32").reshape(1, 3, 1, 2)
+        for attend in (
+            combine.relaxed_gumbel_attend,
+            combine.straight_through_gumbel_attend,
+        ):
+            out = attend(scores[:, None], value, noise[:, None], 1e-4, mask)
+            self.assertAllClose(out, value[:, :1])
+
     def test_invalid_temperature_raises(self):
         scores, mask = inputs()
         for bad in (0.0, -2.0):
