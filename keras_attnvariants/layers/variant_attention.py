@@ -32,6 +32,40 @@ def prefer_fused_path():
     return keras.config.backend() == "torch"
 
 
+def check_attention_inputs(query, value, key=None):
+    """`ValueError` unless the batch sizes agree and `key` (if given) is as
+    long as `value`; unknown sizes pass. Without this, a mismatch surfaced
+    as a backend error, a silent broadcast, or (in argmax inference, which
+    gathers value rows) wrong rows or NaN."""
+    tensors = {"query": query, "value": value}
+    if key is not None:
+        tensors["key"] = key
+    for name, tensor in tensors.items():
+        if len(tensor.shape) != 3:
+            raise ValueError(
+                f"`{name}` must have shape (batch, length, dim). Received: "
+                f"{name} with shape {tuple(tensor.shape)}"
+            )
+    batches = {name: t.shape[0] for name, t in tensors.items()}
+    known = {b for b in batches.values() if b is not None}
+    if len(known) > 1:
+        raise ValueError(
+            "`query`, `value` and `key` must have the same batch size. "
+            "Received: "
+            + ", ".join(
+                f"{name} with shape {tuple(t.shape)}"
+                for name, t in tensors.items()
+            )
+        )
+    if key is not None and None not in (key.shape[1], value.shape[1]):
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(
+                "`key` and `value` must have the same length. Received: "
+                f"key with shape {tuple(key.shape)}, value with shape "
+                f"{tuple(value.shape)}"
+            )
+
+
 def serialize_attention_loss(term):
     """`term`'s config, tagged so that one term shared by layers stays one.
 
@@ -156,6 +190,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
     ):
         # The full MHA signature: Keras fills `*_mask` from input masks only
         # for arguments that `call` names.
+        check_attention_inputs(query, value, key)
         if use_causal_mask and not self.supports_causal:
             raise ValueError(
                 f"{type(self).__name__} is not causal: "
@@ -173,6 +208,32 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             training=training,
             use_causal_mask=use_causal_mask,
         )
+
+    def compute_output_spec(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+    ):
+        check_attention_inputs(query, value, key)
+        output = super().compute_output_spec(
+            query, value, key, return_attention_scores=False
+        )
+        if not return_attention_scores:
+            return output
+        # Keras MHA reports `(B, N, T, T)`; the scores are `(B, N, T, S)`.
+        shape = (query.shape[0], self._num_heads, query.shape[1])
+        scores = keras.KerasTensor(
+            shape + (value.shape[1],), dtype=self.compute_dtype
+        )
+        return output, scores
 
     @property
     def metrics(self):
