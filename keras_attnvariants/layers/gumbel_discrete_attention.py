@@ -1,6 +1,10 @@
 """`GumbelDiscreteAttention`: each query attends to one sampled key."""
 
+import math
+import numbers
+
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
@@ -25,17 +29,21 @@ MIN_TEMPERATURE = 1e-4
 
 
 def check_temperature(temperature):
-    """Raises `ValueError` unless `temperature` is a number > 0."""
-    if isinstance(temperature, bool) or not isinstance(
-        temperature, (int, float)
+    """Raises `ValueError` unless `temperature` is a finite number > 0.
+
+    Python and NumPy scalars are accepted (`np.float32(0.5)`), booleans and
+    infinities are not.
+    """
+    if isinstance(temperature, (bool, np.bool_)) or not isinstance(
+        temperature, numbers.Real
     ):
         raise ValueError(
-            "`temperature` must be a float > 0. "
+            "`temperature` must be a finite float > 0. "
             f"Received: temperature={temperature!r}"
         )
-    if not temperature > 0:
+    if not (math.isfinite(temperature) and temperature > 0):
         raise ValueError(
-            "`temperature` must be a float > 0. "
+            "`temperature` must be a finite float > 0. "
             f"Received: temperature={temperature}"
         )
 
@@ -212,11 +220,13 @@ class GumbelDiscreteAttention(VariantAttention):
                 f"Received: inference_mode={inference_mode!r}"
             )
         if seed is not None and (
-            isinstance(seed, bool) or not isinstance(seed, int)
+            isinstance(seed, (bool, np.bool_))
+            or not isinstance(seed, numbers.Integral)
         ):
             raise ValueError(
                 f"`seed` must be an int or None. Received: seed={seed!r}"
             )
+        seed = None if seed is None else int(seed)
         super().__init__(
             num_heads=num_heads, key_dim=key_dim, seed=seed, **kwargs
         )

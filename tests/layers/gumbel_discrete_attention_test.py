@@ -339,9 +339,16 @@ class GumbelDiscreteAttentionTest(TestCase):
         self.assertLess(hot, 0.3)
 
     def test_invalid_arguments_raise(self):
-        for bad in (0.0, -1.0, "1", True):
+        for bad in (0.0, -1.0, "1", True, float("inf"), float("nan")):
             with self.assertRaisesRegex(ValueError, "temperature"):
                 GumbelDiscreteAttention(**INIT, temperature=bad)
+        # NumPy scalars are numbers too.
+        layer = GumbelDiscreteAttention(
+            **INIT, temperature=np.float32(0.5), seed=np.int64(3)
+        )
+        layer.set_temperature(np.float64(0.25))
+        self.assertEqual(layer.get_config()["seed"], 3)
+        self.assertEqual(layer.get_config()["temperature"], 0.25)
         with self.assertRaisesRegex(ValueError, "inference_mode"):
             GumbelDiscreteAttention(**INIT, inference_mode="mode")
         with self.assertRaisesRegex(ValueError, "seed"):
