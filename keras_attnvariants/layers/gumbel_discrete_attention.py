@@ -133,9 +133,9 @@ class GumbelDiscreteAttention(VariantAttention):
     """Discrete attention: each query reads one key's value.
 
     A drop-in `keras.layers.MultiHeadAttention` (same call signature and
-    weights) whose weights are a Gumbel-softmax sample instead of a softmax
-    (Kinley, chapter 3.3). In training each row of weights is the relaxed
-    sample over the valid keys
+    projection weights, plus a `temperature` variable) whose weights are a
+    Gumbel-softmax sample instead of a softmax (Kinley, chapter 3.3). In
+    training each row of weights is the relaxed sample over the valid keys
 
     `A = softmax((log_softmax(s) + g) / temperature)`, `g = -log(-log(U))`,
 
@@ -239,7 +239,8 @@ class GumbelDiscreteAttention(VariantAttention):
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
-        # Created after MHA's weights, so MHA weight lists load as-is.
+        # One extra variable: Keras lists it before the projections' in
+        # `get_weights()` (a layer's own variables come first).
         self.temperature = self.add_weight(
             name="temperature",
             shape=(),
