@@ -210,18 +210,9 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         )
 
     def compute_output_spec(
-        self,
-        query,
-        value,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        use_causal_mask=False,
+        self, query, value, key=None, return_attention_scores=False, **kwargs
     ):
+        # kwargs: the masks, `training` and `use_causal_mask` of `call`.
         check_attention_inputs(query, value, key)
         output = super().compute_output_spec(
             query, value, key, return_attention_scores=False

@@ -16,8 +16,8 @@ keras_hub = pytest.importorskip(
 )
 
 
-def converted_bert():
-    backbone = keras_hub.models.BertBackbone(
+def tiny_bert():
+    return keras_hub.models.BertBackbone(
         vocabulary_size=50,
         num_layers=2,
         num_heads=2,
@@ -25,7 +25,12 @@ def converted_bert():
         intermediate_dim=16,
         max_sequence_length=8,
     )
-    converted = convert_backbone(backbone, kav.HybridAttention, hybrid_init=0.0)
+
+
+def converted_bert():
+    converted = convert_backbone(
+        tiny_bert(), kav.HybridAttention, hybrid_init=0.0
+    )
     # Non-trivial mixing weights, so a reload that loses them shows.
     for i, layer in enumerate(self_attention_layers(converted)):
         layer.hybrid_weight.assign([0.3 + 0.2 * i, 0.9])
@@ -127,17 +132,9 @@ class SerializationTest(TestCase):
         # One CT term shared by both blocks, as `convert_backbone` attaches
         # it: built with the layers (a converted backbone is never called
         # symbolically), saved once and reloaded shared, with its weights.
-        backbone = keras_hub.models.BertBackbone(
-            vocabulary_size=50,
-            num_layers=2,
-            num_heads=2,
-            hidden_dim=8,
-            intermediate_dim=16,
-            max_sequence_length=8,
-        )
         term = kav.KQAlignment(method="ct", name="align")
         converted = convert_backbone(
-            backbone,
+            tiny_bert(),
             kav.HybridAttention,
             hybrid_init=0.0,
             attention_losses=[term],
