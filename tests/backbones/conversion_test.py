@@ -52,9 +52,13 @@ ENCODERS = {
 ENCODER_CASES = [{"testcase_name": name, "name": name} for name in ENCODERS]
 
 
-def gpt2():
+def gpt2(**kwargs):
     return keras_hub.models.GPT2Backbone(
-        vocabulary_size=50, intermediate_dim=16, max_sequence_length=8, **SMALL
+        vocabulary_size=50,
+        intermediate_dim=16,
+        max_sequence_length=8,
+        **SMALL,
+        **kwargs,
     )
 
 
@@ -269,13 +273,7 @@ class ConvertBackboneTest(TestCase):
         # A causal decoder with right padding lets padded queries attend
         # the real keys before them; they must still stay out of the query
         # cloud, so the term does not depend on how much padding follows.
-        original = keras_hub.models.GPT2Backbone(
-            vocabulary_size=50,
-            intermediate_dim=16,
-            max_sequence_length=8,
-            dropout=0.0,
-            **SMALL,
-        )
+        original = gpt2(dropout=0.0)
         term = kav.KQAlignment(method="mmd", weight=1.0)
         converted = convert_backbone(
             original, SoftmaxAttention, attention_losses=[term]
