@@ -115,7 +115,11 @@ class HybridAttention(VariantAttention):
 
     def _mix(self):
         # u: (N, 1, 1), float32, clipped in case it was assigned by hand.
-        u = ops.clip(ops.cast(self.hybrid_weight, "float32"), 0.0, 1.0)
+        # The clip passes the gradient straight through: JAX splits a
+        # clip's gradient 50/50 at the bounds, which halved it at u = 0
+        # (`hybrid_init=0.0`, the lossless conversion) and u = 1.
+        u = ops.cast(self.hybrid_weight, "float32")
+        u = u + ops.stop_gradient(ops.clip(u, 0.0, 1.0) - u)
         return ops.reshape(u, (self._num_heads, 1, 1))
 
     def normalize(self, scores, mask):

@@ -6,6 +6,7 @@ from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.losses.attention_loss import build_context
+from keras_attnvariants.ops.masking import merge_masks
 from keras_attnvariants.ops.masking import self_attention_padding_mask
 
 ATTENTION_PATHS = ("auto", "explicit", "fused")
@@ -196,6 +197,13 @@ class VariantAttention(keras.layers.MultiHeadAttention):
                 f"{type(self).__name__} is not causal: "
                 f"{self.causal_error_reason} Received: use_causal_mask=True"
             )
+        if query_mask is not None:
+            # Keras MHA replaces `query_mask` by the Keras mask of `query`,
+            # so one passed by keyword was dropped (padded queries then
+            # entered DNAS's column normalization). Merged here instead; a
+            # Keras mask, which MHA also applies, is merged twice, harmlessly.
+            query_mask = ops.expand_dims(ops.cast(query_mask, "bool"), -1)
+            attention_mask = merge_masks(attention_mask, query_mask)
         return super().call(
             query,
             value,

@@ -4,6 +4,7 @@ Masks are boolean, `True` = may attend, and broadcastable to the scores
 `(..., T, S)` (queries on axis -2, keys on axis -1).
 """
 
+import keras
 from keras import ops
 
 # Fill value for masked logits. The normalizations run in float32, where
@@ -13,9 +14,15 @@ MASK_FILL = -1e9
 
 
 def large_negative(dtype):
-    """A large negative number that is finite in `dtype`."""
-    if str(dtype) in ("float16", "bfloat16"):
-        return -3e4 if str(dtype) == "float16" else -1e9
+    """A large negative number that is finite in `dtype`.
+
+    The dtype is standardized first: TensorFlow's `str(dtype)` is
+    `"<dtype: 'float16'>"` and torch's `"torch.float16"`, so comparing the
+    raw string gave float16 `-1e9`, i.e. `-inf`, and NaN gradients on the
+    fused path of padded rows.
+    """
+    if keras.backend.standardize_dtype(dtype) == "float16":
+        return -3e4
     return MASK_FILL
 
 

@@ -166,3 +166,50 @@ class HybridAttentionTest(TestCase):
         layer.hybrid_weight.assign([0.2, 0.9])
         reloaded = self.assert_keras_save_load_parity(model, [query, value])
         self.assertAllClose(reloaded.layers[-1].hybrid_weights, [0.2, 0.9])
+
+
+def hybrid_weight_gradient(layer, x, upstream):
+    """Gradient of `sum(layer(x, x) * upstream)` for `layer.hybrid_weight`."""
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        trainable = [v.value for v in layer.trainable_variables]
+        fixed = [v.value for v in layer.non_trainable_variables]
+        index = [v.name for v in layer.trainable_variables].index(
+            "hybrid_weight"
+        )
+
+        def loss(values):
+            out, _ = layer.stateless_call(values, fixed, x, x)
+            return (out * upstream).sum()
+
+        return np.asarray(jax.grad(loss)(trainable)[index])
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(x, x) * upstream)
+        return tape.gradient(loss, layer.hybrid_weight.value).numpy()
+    import torch
+
+    layer.hybrid_weight.value.grad = None
+    (layer(x, x) * torch.tensor(upstream)).sum().backward()
+    return layer.hybrid_weight.value.grad.numpy()
+
+
+class HybridWeightBoundsTest(TestCase):
+    def test_gradient_is_not_halved_at_the_bounds(self):
+        # `hybrid_init=0.0` is the lossless conversion; JAX split the
+        # gradient of the clip in `_mix` 50/50 at u = 0 and u = 1.
+        rng = np.random.default_rng(21)
+        x = rng.normal(size=(4, 5, 8)).astype("float32")
+        upstream = rng.normal(size=(4, 5, 8)).astype("float32")
+        layer = kav.HybridAttention(2, 4, hybrid_init=0.0)
+        layer(x, x)
+        layer.hybrid_weight.assign([0.0, 1.0])
+        at_bounds = hybrid_weight_gradient(layer, x, upstream)
+        layer.hybrid_weight.assign([1e-4, 1.0 - 1e-4])
+        inside = hybrid_weight_gradient(layer, x, upstream)
+        self.assertGreater(float(np.abs(inside).min()), 1e-3)
+        self.assertAllClose(at_bounds, inside, rtol=2e-2)

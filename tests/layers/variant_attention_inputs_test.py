@@ -59,3 +59,60 @@ class VariantAttentionInputsTest(TestCase, parameterized.TestCase):
             )
         with self.assertRaisesRegex(ValueError, r"\(batch, length, dim\)"):
             layer(zeros(2, 3, 8), zeros(2, 3, 2, 4))
+
+
+class MaskArgumentsTest(TestCase, parameterized.TestCase):
+    @parameterized.named_parameters(CASES)
+    def test_query_mask_keyword_keeps_real_tokens_padding_free(self, name):
+        # keras MHA replaces `query_mask` by the Keras mask of `query`; a
+        # mask passed by keyword was dropped, and DNAS's column step then
+        # normalized over padded queries too.
+        rng = np.random.default_rng(22)
+        x = rng.normal(size=(2, 4, 8)).astype("float32")
+        padded = np.concatenate([x, rng.normal(size=(2, 3, 8))], axis=1)
+        padded = padded.astype("float32")
+        valid = np.arange(7)[None] < np.array([[4], [4]])
+        layer = LAYERS[name]()
+        want = layer(x, x)
+        got = layer(padded, padded, query_mask=valid, value_mask=valid)
+        got = keras.ops.convert_to_numpy(got)[:, :4]
+        self.assertAllClose(got, keras.ops.convert_to_numpy(want), atol=1e-5)
+
+    def test_large_negative_is_finite_in_float16_on_every_backend(self):
+        from keras_attnvariants.ops.masking import large_negative
+
+        # The backend's own dtype object, whose str() is not "float16" on
+        # TensorFlow or torch.
+        dtype = keras.ops.zeros((1,), "float16").dtype
+        fill = keras.ops.cast(large_negative(dtype), "float16")
+        self.assertTrue(np.isfinite(keras.ops.convert_to_numpy(fill)))
+
+    @parameterized.named_parameters(
+        ("dnas", kav.DoublyNormalizedAttention, {}),
+        ("hnas", kav.HybridAttention, {"hybrid_init": 0.3}),
+    )
+    def test_fused_path_float16_gradients_finite_with_padding(self, cls, kw):
+        if keras.config.backend() != "tensorflow":
+            # Torch CPU kernels lack float16 matmuls, JAX's CPU dot_general
+            # float16 training; the fill itself is checked above.
+            self.skipTest("float16 training runs on TensorFlow here.")
+        rng = np.random.default_rng(23)
+        x = rng.normal(size=(2, 5, 8)).astype("float32")
+        valid = np.arange(5)[None] < np.array([[5], [3]])
+        inputs = keras.Input((5, 8))
+        mask = keras.Input((5,), dtype="bool")
+        layer = cls(
+            2,
+            4,
+            attention_path="fused",
+            self_attention_padding=True,
+            dtype="mixed_float16",
+            **kw,
+        )
+        out = layer(inputs, inputs, attention_mask=mask[:, None, :])
+        model = keras.Model([inputs, mask], out)
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+        model.train_on_batch([x, valid], np.zeros_like(x))
+        for weight in layer.trainable_weights:
+            values = keras.ops.convert_to_numpy(weight)
+            self.assertTrue(np.all(np.isfinite(values)), weight.path)
