@@ -79,27 +79,35 @@ class AttentionContext(dict):
     """
 
 
-def build_context(
-    layer, weights, query, key, attention_mask, self_attention=False
-):
-    """Builds the `AttentionContext` of one attention call.
+def padding_masks(mask, self_attention=False):
+    """Real queries `(B, T)` and keys `(B, S)` of a boolean `(B, T, S)` mask.
 
-    With `self_attention` (queries and keys are the same positions,
-    `T == S`), a position that no query may attend is padding for both
-    clouds: in a causal decoder with right padding a padded query still
+    A query is real if it may attend some key, a key if some query may
+    attend it. With `self_attention` (queries and keys are the same
+    positions, `T == S`), a position that no query may attend is padding
+    for both: in a causal decoder with right padding a padded query still
     attends the real keys before it, so `any(mask, -1)` alone would count
     it as a real query.
     """
+    query_mask = ops.any(mask, axis=-1)
+    key_mask = ops.any(mask, axis=-2)
+    if self_attention and mask.shape[-2] == mask.shape[-1]:
+        query_mask = ops.logical_and(query_mask, key_mask)
+    return query_mask, key_mask
+
+
+def build_context(
+    layer, weights, query, key, attention_mask, self_attention=False
+):
+    """Builds the `AttentionContext` of one attention call
+    (`self_attention` as in `padding_masks`)."""
     query_mask = key_mask = None
     if attention_mask is not None:
         mask = ops.cast(attention_mask, "bool")
         batch = ops.shape(query)[0]
         shape = (batch, ops.shape(query)[1], ops.shape(key)[1])
         mask = ops.broadcast_to(mask, shape)
-        query_mask = ops.any(mask, axis=-1)
-        key_mask = ops.any(mask, axis=-2)
-        if self_attention and query.shape[1] == key.shape[1]:
-            query_mask = ops.logical_and(query_mask, key_mask)
+        query_mask, key_mask = padding_masks(mask, self_attention)
         attention_mask = mask
     return AttentionContext(
         attention_weights=weights,

@@ -341,7 +341,6 @@ class KQAlignment(AttentionLoss):
                 f"query with shape {tuple(query_shape)}"
             )
         num_heads, dim = query_shape[2], query_shape[3]
-        self._built_heads = (num_heads, dim)
         groups = num_heads if self.adversary_per_head else None
         hidden = self.hidden_dim or dim
         if self.method == "gan":
@@ -386,17 +385,25 @@ class KQAlignment(AttentionLoss):
         self._check_inputs(query, key, query_mask, key_mask)
         return super().compute_output_spec(query, key, query_mask, key_mask)
 
+    def _adversary_heads(self):
+        """`(heads, head size)` the built adversary takes (`heads` is None
+        when it is shared across heads), or None (not built, no weights)."""
+        if not self.built or self.method not in ADVERSARIAL_METHODS:
+            return None
+        first = (self.discriminator if self.method == "gan" else self.critic)[0]
+        kernel_shape = first.kernel.shape  # ([heads,] head size, units)
+        heads = kernel_shape[0] if self.adversary_per_head else None
+        return heads, kernel_shape[-2]
+
     def _fits_adversary(self, query_shape):
         """Whether queries of this shape fit the built adversary's weights
         (its head size; its number of heads too when there is one per
         head). Methods without weights fit any shape."""
-        built = getattr(self, "_built_heads", None)
-        if built is None or self.method not in ADVERSARIAL_METHODS:
+        built = self._adversary_heads()
+        if built is None:
             return True
         heads, dim = built
-        return _same(query_shape[3], dim) and (
-            not self.adversary_per_head or _same(query_shape[2], heads)
-        )
+        return _same(query_shape[3], dim) and _same(query_shape[2], heads)
 
     def _check_inputs(self, query, key, query_mask, key_mask):
         """`ValueError` unless the shapes are `(B, T, N, H)`, `(B, S, N, H)`
@@ -410,7 +417,7 @@ class KQAlignment(AttentionLoss):
         ):
             problem = "batch, heads and head size must match"
         elif not self._fits_adversary(q_shape):
-            heads, dim = self._built_heads
+            heads, dim = self._adversary_heads()
             problem = (
                 f"its adversary was built for {heads} heads of size {dim}"
                 if self.adversary_per_head

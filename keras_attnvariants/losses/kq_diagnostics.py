@@ -27,31 +27,34 @@ from keras import layers
 from keras import ops
 
 from keras_attnvariants.layers.recording import record_attention
+from keras_attnvariants.losses.attention_loss import padding_masks
 from keras_attnvariants.ops.transport import gaussian_mmd
+
+
+def _all_layers(model):
+    """`model` and every layer nested in it, outermost first."""
+    yield model
+    for child in model._flatten_layers(include_self=False, recursive=False):
+        yield from _all_layers(child)
 
 
 def attention_layers(model):
     """All `MultiHeadAttention` layers of `model`, outermost first."""
-    found = []
-
-    def visit(layer):
-        if isinstance(layer, layers.MultiHeadAttention):
-            found.append(layer)
-        for child in layer._flatten_layers(include_self=False, recursive=False):
-            visit(child)
-
-    visit(model)
+    found = [
+        layer
+        for layer in _all_layers(model)
+        if isinstance(layer, layers.MultiHeadAttention)
+    ]
     return list(dict.fromkeys(found))
 
 
-def self_attention_layers(model):
+def _self_attention_ids(model):
     """`{id(layer)}` of the attention layers of `model` known to be
     self-attention: the `_self_attention_layer` of keras-hub transformer
     blocks (converted or not) and layers of this package with
     `self_attention_padding` or created by `convert_backbone`."""
     found = set()
-
-    def visit(layer):
+    for layer in _all_layers(model):
         inner = getattr(layer, "_self_attention_layer", None)
         if isinstance(inner, layers.MultiHeadAttention):
             found.add(id(inner))
@@ -59,10 +62,6 @@ def self_attention_layers(model):
             layer, "_is_self_attention", False
         ):
             found.add(id(layer))
-        for child in layer._flatten_layers(include_self=False, recursive=False):
-            visit(child)
-
-    visit(model)
     return found
 
 
@@ -100,7 +99,7 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
     # keras-hub names every block's attention "self_attention_layer":
     # key the results by a unique label so that layers are not merged.
     labels = layer_labels(targets)
-    self_attention = self_attention_layers(model)
+    self_attention = _self_attention_ids(model)
     sums = {label: 0.0 for label in labels.values()}
     counts = {label: 0.0 for label in labels.values()}
     for index, batch in enumerate(dataset):
@@ -148,10 +147,7 @@ def _per_head_mmd(query, key, mask, bandwidth, self_attention=False):
         if len(mask.shape) == 4:
             mask = ops.any(mask, axis=1)
         mask = ops.broadcast_to(mask, (batch, q_len, k_len))
-        q_valid = ops.any(mask, axis=-1)
-        k_valid = ops.any(mask, axis=-2)
-        if self_attention and q_len == k_len:
-            q_valid = ops.logical_and(q_valid, k_valid)
+        q_valid, k_valid = padding_masks(mask, self_attention)
     mmd = gaussian_mmd(
         q, k, q_valid[:, None, :], k_valid[:, None, :], bandwidth
     )

@@ -95,19 +95,6 @@ def _clamp_logits(x):
     return clamped, grad
 
 
-def masked_logits(scores, mask=None):
-    """Float32 scores clamped to `+-1e9`, masked entries at `MASK_FILL`.
-
-    Enough for argmax and Gumbel-max selection, which do not change when a
-    row is shifted by its logsumexp.
-    """
-    x = _clamp_logits(ops.cast(scores, "float32"))
-    if mask is not None:
-        mask = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(x))
-        x = ops.where(mask, x, MASK_FILL)
-    return x
-
-
 def _finish(weights, mask):
     if mask is None:
         return weights
@@ -168,7 +155,7 @@ def selection_logits(scores, mask=None):
     Valid entries are clamped below at the smallest finite float32 and
     masked ones set to `-inf`, so a masked key never wins a row that has a
     valid key, whatever the valid scores. One elementwise pass: unlike
-    `masked_logits` there is no NaN replacement or upper clamp, which
+    `relaxed_logits` there is no NaN replacement or upper clamp, which
     selection does not need (the output is a value row, not a score).
     """
     x = ops.maximum(ops.cast(scores, "float32"), FLOAT32_MIN)
@@ -262,6 +249,15 @@ def _value_rows(indices, num_keys, num_heads):
     return (examples + picks) * num_heads + heads
 
 
+def _keep_valid_rows(picked, row_valid):
+    """`(B, T, N, H)` rows of `picked` zeroed where `row_valid` `(B, N, T)`
+    is False (queries without a valid key); `picked` if it is None."""
+    if row_valid is None:
+        return picked
+    keep = ops.transpose(row_valid, (0, 2, 1))[..., None]
+    return picked * ops.cast(keep, picked.dtype)
+
+
 def gather_values(value, indices, row_valid=None):
     """One value row per query: the output of one-hot attention.
 
@@ -280,10 +276,7 @@ def gather_values(value, indices, row_valid=None):
     rows = _value_rows(indices, shape[1], shape[2])
     flat = ops.reshape(value, (-1, shape[3]))
     picked = ops.take(flat, rows, axis=0)
-    if row_valid is not None:
-        keep = ops.transpose(row_valid, (0, 2, 1))[..., None]
-        picked = picked * ops.cast(keep, picked.dtype)
-    return picked
+    return _keep_valid_rows(picked, row_valid)
 
 
 def scatter_values(d_picked, indices, value_shape, row_valid=None):
@@ -304,10 +297,7 @@ def scatter_values(d_picked, indices, value_shape, row_valid=None):
         accumulated in float32).
     """
     dtype = d_picked.dtype
-    d_picked = ops.cast(d_picked, "float32")
-    if row_valid is not None:
-        keep = ops.transpose(row_valid, (0, 2, 1))[..., None]
-        d_picked = d_picked * ops.cast(keep, "float32")
+    d_picked = _keep_valid_rows(ops.cast(d_picked, "float32"), row_valid)
     batch, num_keys, num_heads, dim = value_shape
     rows = ops.reshape(_value_rows(indices, num_keys, num_heads), (-1,))
     # rows index B * S * N segments; batch may be a dynamic size on TF

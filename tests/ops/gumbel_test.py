@@ -91,16 +91,16 @@ class GumbelOpsTest(TestCase):
         self.assertAllClose(out, [[[1.0, 0.0, 0.0, 0.0]]])
 
     def test_clamped_logits_gradient_matches_autodiff_of_the_clamp(self):
-        # masked_logits differentiates like clip(nan_to_num(x), +-1e9):
+        # The clamp differentiates like clip(nan_to_num(x), +-1e9):
         # 1 inside the bound, 0 at NaN, +-inf and clamped entries.
         scores = np.array(
             [[3.0, -2.5, 1e9, -1e9, 2e9, -5e9, np.nan, np.inf, -np.inf]],
             "float32",
         )
         upstream = np.arange(1, 10, dtype="float32")[None]
-        (grad,) = gradients(gumbel.masked_logits, upstream, scores)
+        (grad,) = gradients(gumbel._clamp_logits, upstream, scores)
         self.assertAllEqual(grad, [[1.0, 2.0, 3.0, 4.0, 0, 0, 0, 0, 0]])
-        value = ops.convert_to_numpy(gumbel.masked_logits(scores))
+        value = ops.convert_to_numpy(gumbel._clamp_logits(scores))
         self.assertAllEqual(
             value, [[3.0, -2.5, 1e9, -1e9, 1e9, -1e9, 0.0, 1e9, -1e9]]
         )
