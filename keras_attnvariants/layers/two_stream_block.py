@@ -86,6 +86,9 @@ class TwoStreamBlock(keras.layers.Layer):
         inputs: `(g, h)`, each `(B, T, d_model)`, or `h` alone in
             `"single_stream"` mode.
         padding_mask: optional `(B, T)` booleans, `True` = real token.
+            Without it, the inputs' Keras masks (e.g. from
+            `Embedding(mask_zero=True)`) are used; they are passed on to
+            the output streams.
         view: int. Which controller to use. Defaults to `0`.
         use_causal_mask: bool. Defaults to `False`.
         training: bool.
@@ -229,6 +232,7 @@ class TwoStreamBlock(keras.layers.Layer):
             trainable=False,
             autocast=False,
         )
+        self._check_input_shape(input_shape)
         shape = input_shape[0] if self.mode == "two_stream" else input_shape
         shape = tuple(shape)
         heads = (*shape[:-1], self.num_heads, self.d_model // self.num_heads)
@@ -243,6 +247,28 @@ class TwoStreamBlock(keras.layers.Layer):
             self.model_value.build(shape)
             self.model_output.build(heads)
             self._build_ffn(self.model_ffn, shape)
+
+    def _check_input_shape(self, input_shape):
+        """Raises `ValueError` unless the streams are `(B, T, d_model)`."""
+        two = self.mode == "two_stream"
+        shapes = tuple(input_shape) if two else (input_shape,)
+        valid = len(shapes) == (2 if two else 1) and all(
+            isinstance(s, (list, tuple))
+            and len(s) == 3
+            and s[-1] == self.d_model
+            for s in shapes
+        )
+        # The model stream reads the controller's picks: same B and T.
+        valid = valid and all(
+            len({s[axis] for s in shapes} - {None}) <= 1 for axis in (0, 1)
+        )
+        if not valid:
+            expected = "`(g, h)`, each" if two else "one stream"
+            raise ValueError(
+                f"`inputs` must be {expected} `(B, T, d_model="
+                f"{self.d_model})` (mode={self.mode!r}). "
+                f"Received: input_shape={input_shape}"
+            )
 
     def _build_ffn(self, layers, shape):
         ff1, ff2, norm1, norm2 = layers
@@ -259,11 +285,30 @@ class TwoStreamBlock(keras.layers.Layer):
         else:
             self.initial_temperature = float(value)
 
-    def _mask(self, x, padding_mask, use_causal_mask):
+    def _mask(self, x, padding_mask, use_causal_mask, keras_mask):
         """`(B, 1, T, T)` booleans or `None`."""
+        if padding_mask is None:
+            # Keras masks of the streams, e.g. from `Embedding(mask_zero=True)`.
+            for stream_mask in keras.tree.flatten(keras_mask):
+                if stream_mask is not None:
+                    stream_mask = ops.cast(stream_mask, "bool")
+                    padding_mask = (
+                        stream_mask
+                        if padding_mask is None
+                        else ops.logical_and(padding_mask, stream_mask)
+                    )
+        else:
+            padding_mask = ops.cast(padding_mask, "bool")
+            shape = tuple(padding_mask.shape)
+            lengths = {shape[-1], x.shape[1]} - {None}
+            if len(shape) != 2 or len(lengths) > 1:
+                raise ValueError(
+                    f"`padding_mask` must be `(B, T={x.shape[1]})` booleans. "
+                    f"Received: padding_mask.shape={shape}"
+                )
         mask = None
         if padding_mask is not None:
-            valid = ops.cast(padding_mask, "bool")
+            valid = padding_mask
             mask = ops.logical_and(
                 ops.expand_dims(valid, 1), ops.expand_dims(valid, 2)
             )
@@ -312,15 +357,19 @@ class TwoStreamBlock(keras.layers.Layer):
         view=0,
         use_causal_mask=False,
         training=None,
+        mask=None,
     ):
         if not 0 <= view < self.num_controllers:
             raise ValueError(
                 f"`view` must be in [0, {self.num_controllers}). "
                 f"Received: view={view}"
             )
+        self._check_input_shape(
+            keras.tree.map_structure(lambda x: tuple(x.shape), inputs)
+        )
         parts = self.controllers[view]
         g = inputs[0] if self.mode == "two_stream" else inputs
-        mask = self._mask(g, padding_mask, use_causal_mask)
+        mask = self._mask(g, padding_mask, use_causal_mask, mask)
         # q, k: (B, T, N, H); scores: (B, N, T, T) float32
         q = ops.cast(parts["query"](g), "float32")
         k = ops.cast(parts["key"](g), "float32")
@@ -347,16 +396,25 @@ class TwoStreamBlock(keras.layers.Layer):
         h = self._residual(h, h_update, self.model_ffn)
         return (g, h), z
 
+    def compute_mask(self, inputs, previous_mask):
+        # The streams keep their Keras masks; `z` has none.
+        return previous_mask, None
+
     def compute_output_spec(self, inputs, **kwargs):
         g = inputs[0] if self.mode == "two_stream" else inputs
         batch, length = g.shape[0], g.shape[1]
         z = keras.KerasTensor(
             (batch, self.num_heads, length, length), "float32"
         )
-        stream = keras.KerasTensor(g.shape, self.compute_dtype)
+
+        # One KerasTensor per output: a shared one would make a functional
+        # model return the model stream as `g` too.
+        def stream():
+            return keras.KerasTensor(g.shape, self.compute_dtype)
+
         if self.mode == "two_stream":
-            return (stream, stream), z
-        return stream, z
+            return (stream(), stream()), z
+        return stream(), z
 
     def get_config(self):
         config = super().get_config()

@@ -1,5 +1,8 @@
 """`TwoStreamEncoder`: a stack of `TwoStreamBlock`s with embeddings."""
 
+import math
+import numbers
+
 import keras
 from keras import ops
 
@@ -30,7 +33,8 @@ class TwoStreamEncoder(keras.layers.Layer):
     `coefficient * mean_b size(s^L)` as a loss,
     where `s^L` are the soft receptive fields of the discrete samples (see
     `keras_attnvariants.ops.receptive_field`; `receptive_field_reduction`
-    `"mean"` = per-position mean size, `"union"` = size of the union).
+    `"mean"` = per-position mean size, `"union"` = size of the union,
+    which is constant: every token is in its own field).
 
     Args:
         vocab_size: int. Token ids are in `[0, vocab_size)`.
@@ -90,9 +94,18 @@ class TwoStreamEncoder(keras.layers.Layer):
             ("vocab_size", vocab_size),
             ("max_length", max_length),
             ("num_layers", num_layers),
+            ("d_model", d_model),
+            ("num_heads", num_heads),
+            ("d_ff", d_ff),
             ("num_views", num_views),
         ):
             _positive_int(name, value)
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+        ):
+            raise ValueError(
+                f"`seed` must be an int or None. Received: seed={seed!r}"
+            )
         if mode not in MODES:
             raise ValueError(
                 f"`mode` must be one of {MODES}. Received: mode={mode!r}"
@@ -113,10 +126,15 @@ class TwoStreamEncoder(keras.layers.Layer):
                 "Received: receptive_field_reduction="
                 f"{receptive_field_reduction!r}"
             )
-        if not receptive_field_coefficient >= 0:
+        if (
+            isinstance(receptive_field_coefficient, bool)
+            or not isinstance(receptive_field_coefficient, numbers.Real)
+            or not 0 <= receptive_field_coefficient < math.inf
+        ):
             raise ValueError(
-                "`receptive_field_coefficient` must be >= 0. Received: "
-                f"receptive_field_coefficient={receptive_field_coefficient}"
+                "`receptive_field_coefficient` must be a finite float >= 0. "
+                "Received: receptive_field_coefficient="
+                f"{receptive_field_coefficient!r}"
             )
         self.vocab_size = vocab_size
         self.max_length = max_length
@@ -173,8 +191,21 @@ class TwoStreamEncoder(keras.layers.Layer):
             for i in range(num_layers)
         ]
 
+    def _check_shape(self, shape):
+        if len(shape) != 2 or (
+            shape[1] is not None and shape[1] > self.max_length
+        ):
+            # Position ids past max_length would be clamped (JAX) or fail
+            # inside the embedding lookup.
+            raise ValueError(
+                "`token_ids` must be `(B, T)` with "
+                f"T <= max_length={self.max_length}. "
+                f"Received: token_ids.shape={shape}"
+            )
+
     def build(self, input_shape):
         shape = tuple(input_shape)
+        self._check_shape(shape)
         for tokens, positions in [
             self.model_embeddings,
             *self.controller_embeddings,
@@ -205,6 +236,7 @@ class TwoStreamEncoder(keras.layers.Layer):
                 f"`view` must be in [0, {self.num_views}). "
                 f"Received: view={view}"
             )
+        self._check_shape(tuple(token_ids.shape))
         padding_mask = ops.not_equal(token_ids, 0)
         h = self._embed(token_ids, self.model_embeddings)
         if self.mode == "two_stream":
@@ -243,10 +275,13 @@ class TwoStreamEncoder(keras.layers.Layer):
         h = keras.KerasTensor((batch, length, self.d_model), self.compute_dtype)
         if not return_attention:
             return h
-        z = keras.KerasTensor(
-            (batch, self.num_heads, length, length), "float32"
-        )
-        return h, [z] * self.num_layers
+        # One KerasTensor per layer (a shared one would alias them all).
+        return h, [
+            keras.KerasTensor(
+                (batch, self.num_heads, length, length), "float32"
+            )
+            for _ in range(self.num_layers)
+        ]
 
     def get_config(self):
         config = super().get_config()

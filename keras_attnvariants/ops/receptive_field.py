@@ -13,10 +13,12 @@ yours.
 About the size reduction: the thesis prints
 `|U_i r(i, L)| = sum_i min(sum_j s^L_ij, 1)`, but every `s_ii = 1`, so each
 `min(., 1)` is 1 and the sum is the constant `T`: no gradient. The union
-of the receptive fields is `sum_j min(sum_i s^L_ij, 1)` (a token is in
-the union if any position depends on it), implemented as
-`receptive_field_union_size`. For language modeling, where later positions
-see everything before them, the per-position mean size
+of the receptive fields, `sum_j min(sum_i s^L_ij, 1)` (a token is in
+the union if any position depends on it), is implemented as
+`receptive_field_union_size` as the reference notes suggest, but it is
+degenerate too: position `j` depends on itself (`s_jj = 1`), so every
+valid token is in the union and the size is the number of valid tokens,
+whatever the attention. The per-position mean size
 `mean_i sum_j s^L_ij` (`receptive_field_mean_size`) is the useful
 sparsity penalty; it is the default of the encoder's regularizer.
 """
@@ -62,7 +64,11 @@ def hard_receptive_fields(attentions, mask=None):
 
 
 def receptive_field_union_size(fields):
-    """`sum_j min(sum_i s_ij, 1)`: soft size of the union, `(B,)`."""
+    """`sum_j min(sum_i s_ij, 1)`: soft size of the union, `(B,)`.
+
+    Equals the number of valid tokens for fields from `receptive_fields`
+    (every `s_jj = 1`); see the module docstring.
+    """
     return ops.sum(ops.minimum(ops.sum(fields, axis=-2), 1.0), axis=-1)
 
 

@@ -203,3 +203,65 @@ class TwoStreamBlockTest(TestCase):
         with self.assertRaisesRegex(ValueError, "view"):
             g, h, _ = streams()
             block((g, h), view=2)
+
+    def test_keras_mask_is_used_and_propagated(self):
+        # A Keras mask (Embedding(mask_zero=True)) acts like `padding_mask`
+        # and is passed on to both streams.
+        ids = np.array([[3, 4, 5, 0, 0], [1, 2, 3, 4, 0]], "int32")
+        tokens = keras.Input((5,), dtype="int32")
+        x = keras.layers.Embedding(10, 8, mask_zero=True)(tokens)
+        block = TwoStreamBlock(8, 2, 16)
+        (g, h), z = block((x, x))
+        self.assertIsNotNone(getattr(h, "_keras_mask", None))
+        pooled = keras.layers.GlobalAveragePooling1D()(h)
+        model = keras.Model(tokens, [g, h, z, x, pooled])
+        g_k, h_k, z_k, emb, pooled = model(ids)
+        valid = ids != 0
+        (g_p, h_p), z_p = block((emb, emb), padding_mask=valid)
+        g_k, h_k, g_p, h_p = (
+            ops.convert_to_numpy(t) for t in (g_k, h_k, g_p, h_p)
+        )
+        self.assertAllClose(g_k[valid], g_p[valid], atol=1e-6)
+        self.assertAllClose(h_k[valid], h_p[valid], atol=1e-6)
+        self.assertAllClose(z_k, z_p, atol=1e-6)
+        mean = (h_p * valid[..., None]).sum(1) / valid.sum(1, keepdims=True)
+        self.assertAllClose(pooled, mean, atol=1e-5)
+        # Single stream too.
+        single = TwoStreamBlock(8, 2, 16, mode="single_stream")
+        h_s, z_s = single(x)
+        self.assertIsNotNone(getattr(h_s, "_keras_mask", None))
+        z_k = keras.Model(tokens, z_s)(ids)
+        _, z_p = single(emb, padding_mask=valid)
+        self.assertAllClose(z_k, z_p, atol=1e-6)
+
+    def test_invalid_input_shapes_raise_at_build(self):
+        g, h, valid = streams()
+        for bad in (
+            (g[..., :6], h[..., :6]),  # width != d_model
+            (g[..., :1], h[..., :1]),  # width 1 would broadcast
+            (g, h[:, :3]),  # streams of different lengths
+            (g[0], h[0]),  # no batch axis
+        ):
+            with self.assertRaisesRegex(ValueError, "d_model=8"):
+                TwoStreamBlock(8, 2, 16)(bad)
+        with self.assertRaisesRegex(ValueError, "d_model=8"):
+            TwoStreamBlock(8, 2, 16, mode="single_stream")((g, h))
+        built = TwoStreamBlock(8, 2, 16)
+        built((g, h))
+        with self.assertRaisesRegex(ValueError, "d_model=8"):
+            built((g, h[:, :3]))  # after build too
+        for bad in (valid[:, None], valid[:, :4]):
+            with self.assertRaisesRegex(ValueError, "padding_mask"):
+                TwoStreamBlock(8, 2, 16)((g, h), padding_mask=bad)
+
+    def test_functional_model_keeps_the_streams_apart(self):
+        # Symbolic outputs are distinct tensors: a functional model returns
+        # the controller as `g`, not the model stream.
+        g, h, valid = streams(6)
+        block = TwoStreamBlock(8, 2, 16, seed=0)
+        inputs = [keras.Input((5, 8)), keras.Input((5, 8))]
+        (g_sym, h_sym), z_sym = block(tuple(inputs))
+        model = keras.Model(inputs, [g_sym, h_sym, z_sym])
+        (g_eager, h_eager), z_eager = block((g, h))
+        for got, want in zip(model([g, h]), (g_eager, h_eager, z_eager)):
+            self.assertAllClose(got, want, atol=1e-6)

@@ -102,3 +102,33 @@ class TwoStreamEncoderTest(TestCase):
             TwoStreamEncoder(10, 5, 1, num_views=2, mode="single_stream")
         with self.assertRaisesRegex(ValueError, "receptive_field_reduction"):
             TwoStreamEncoder(10, 5, 1, receptive_field_reduction="max")
+
+    def test_functional_model_returns_every_layers_attention(self):
+        encoder = TwoStreamEncoder(10, 5, 3, d_model=8, num_heads=2, d_ff=16)
+        tokens = keras.Input((5,), dtype="int32")
+        h, attentions = encoder(tokens, return_attention=True)
+        model = keras.Model(tokens, [h, *attentions])
+        h_eager, z_eager = encoder(TOKENS, return_attention=True)
+        got = model(TOKENS)
+        for a, b in zip(got, [h_eager, *z_eager]):
+            self.assertAllClose(a, b, atol=1e-6)
+
+    def test_invalid_input_shapes_and_arguments_raise(self):
+        encoder = TwoStreamEncoder(10, 4, 1, d_model=8, num_heads=2, d_ff=16)
+        # Longer than max_length: JAX would clamp the position lookups.
+        with self.assertRaisesRegex(ValueError, "max_length=4"):
+            encoder(np.ones((1, 6), "int32"))
+        encoder(np.ones((1, 4), "int32"))
+        with self.assertRaisesRegex(ValueError, "max_length=4"):
+            encoder(np.ones((1, 5), "int32"))  # after build too
+        with self.assertRaisesRegex(ValueError, "token_ids"):
+            encoder(np.ones((1, 3, 2), "int32"))
+        with self.assertRaisesRegex(ValueError, "d_model"):
+            TwoStreamEncoder(10, 5, 1, d_model=0)
+        for bad in ("a", float("inf"), -1.0):
+            with self.assertRaisesRegex(
+                ValueError, "receptive_field_coefficient"
+            ):
+                TwoStreamEncoder(10, 5, 1, receptive_field_coefficient=bad)
+        with self.assertRaisesRegex(ValueError, "seed"):
+            TwoStreamEncoder(10, 5, 1, seed="0")

@@ -74,3 +74,41 @@ class ReceptiveFieldTest(TestCase):
         precision, recall = rf.precision_recall(pred, true, row)
         self.assertAllClose(precision, 3 / 4)
         self.assertAllClose(recall, 3 / 3)
+
+    def test_hard_fields_match_set_reachability(self):
+        # Independent reference: r(i, l) = r(i, l-1) | U_heads r(z_i, l-1)
+        # with Python sets, two heads, padding and a causal pattern.
+        rng = np.random.default_rng(3)
+        batch, heads, length, layers = 2, 2, 7, 3
+        valid = np.arange(length)[None] < np.array([[7], [4]])
+        picks = [
+            rng.integers(0, np.arange(length) + 1, (batch, heads, length))
+            for _ in range(layers)
+        ]
+        z = [np.eye(length)[p] for p in picks]  # (B, N, T, T) causal
+        for b in range(batch):
+            for zl in z:
+                zl[b, :, ~valid[b]] = 0
+                zl[b, :, :, ~valid[b]] = 0
+        fields = ops.convert_to_numpy(rf.hard_receptive_fields(z, valid))
+        for b in range(batch):
+            n = valid[b].sum()
+            r = [{i} for i in range(n)]
+            for p in picks:
+                r = [
+                    r[i].union(*(r[p[b, h, i]] for h in range(heads)))
+                    for i in range(n)
+                ]
+            want = np.zeros((length, length), bool)
+            for i in range(n):
+                want[i, sorted(r[i])] = True
+            self.assertAllEqual(fields[b], want)
+        sizes = rf.receptive_field_mean_size(ops.cast(fields, "float32"), valid)
+        self.assertAllClose(
+            sizes, [fields[b].sum() / valid[b].sum() for b in range(batch)]
+        )
+        # The union is every valid token, whatever the attention.
+        self.assertAllClose(
+            rf.receptive_field_union_size(ops.cast(fields, "float32")),
+            valid.sum(1),
+        )
