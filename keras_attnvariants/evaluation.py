@@ -10,10 +10,12 @@ def expected_calibration_error(probabilities, labels, num_bins=15):
     """Expected calibration error of a classifier (equal-width bins).
 
     `sum_b |B_b| / n * |accuracy(B_b) - confidence(B_b)|` over bins of the
-    top-class confidence.
+    top-class confidence. Bin `b` holds confidences in `[b / num_bins,
+    (b + 1) / num_bins)`; the last bin also holds 1. Empty bins add 0.
 
     Args:
-        probabilities: `(n, classes)` predicted probabilities.
+        probabilities: `(n, classes)` predicted probabilities; `(n, 1)` is
+            a binary classifier's probability of class 1 (a sigmoid).
         labels: `(n,)` integer labels.
         num_bins: int >= 1. Defaults to `15`.
 
@@ -22,14 +24,27 @@ def expected_calibration_error(probabilities, labels, num_bins=15):
     """
     probabilities = np.asarray(probabilities, np.float64)
     labels = np.asarray(labels)
-    if probabilities.ndim != 2 or len(probabilities) != len(labels):
+    if probabilities.ndim == 2 and probabilities.shape[1] == 1:
+        probabilities = np.concatenate([1.0 - probabilities, probabilities], 1)
+    if probabilities.ndim != 2 or labels.shape != probabilities.shape[:1]:
         raise ValueError(
-            "`probabilities` must be (n, classes) with n = len(labels). "
+            "`probabilities` must be (n, classes) and `labels` (n,) integers. "
             f"Received: probabilities.shape={probabilities.shape}, "
             f"labels.shape={labels.shape}"
         )
-    if num_bins < 1:
-        raise ValueError(f"`num_bins` must be >= 1. Received: {num_bins}")
+    if ((probabilities < 0) | (probabilities > 1)).any():
+        raise ValueError(
+            "`probabilities` must lie in [0, 1] (not logits). Received: "
+            f"min={probabilities.min()}, max={probabilities.max()}"
+        )
+    if (
+        isinstance(num_bins, bool)
+        or not isinstance(num_bins, int)
+        or num_bins < 1
+    ):
+        raise ValueError(
+            f"`num_bins` must be an int >= 1. Received: num_bins={num_bins!r}"
+        )
     confidence = probabilities.max(-1)
     correct = probabilities.argmax(-1) == labels
     bins = np.minimum((confidence * num_bins).astype(int), num_bins - 1)
@@ -42,15 +57,39 @@ def expected_calibration_error(probabilities, labels, num_bins=15):
     return float(ece)
 
 
-def key_attention_totals(weights, key_mask=None):
+def key_attention_totals(weights, key_mask=None, query_mask=None):
     """Total attention each key receives, `sum_i A_ij`: `(B, N, S)`.
 
     Args:
         weights: `(B, N, T, S)` attention weights.
         key_mask: optional `(B, S)` booleans, valid keys. Padded keys get NaN
             so that callers can drop them.
+        query_mask: optional `(B, T)` booleans, valid queries: the rows of
+            padded queries are left out of the sum (in self-attention, pass
+            the same padding mask as `key_mask`).
     """
-    totals = np.asarray(weights, np.float64).sum(-2)
+    weights = np.asarray(weights, np.float64)
+    if weights.ndim != 4:
+        raise ValueError(
+            "`weights` must be (batch, heads, queries, keys). "
+            f"Received: weights.shape={weights.shape}"
+        )
+    batch, _, queries, keys = weights.shape
+    for name, mask, length in (
+        ("key_mask", key_mask, keys),
+        ("query_mask", query_mask, queries),
+    ):
+        if mask is not None and np.shape(mask) != (batch, length):
+            raise ValueError(
+                f"`{name}` must be ({batch}, {length}) booleans for "
+                f"weights.shape={weights.shape}. "
+                f"Received: {name}.shape={np.shape(mask)}"
+            )
+    if query_mask is not None:
+        weights = np.where(
+            np.asarray(query_mask, bool)[:, None, :, None], weights, 0.0
+        )
+    totals = weights.sum(-2)
     if key_mask is not None:
         totals = np.where(
             np.asarray(key_mask, bool)[:, None, :], totals, np.nan
@@ -58,7 +97,9 @@ def key_attention_totals(weights, key_mask=None):
     return totals
 
 
-def explained_away_fraction(weights, key_mask=None, epsilon=1e-8):
+def explained_away_fraction(
+    weights, key_mask=None, epsilon=1e-8, query_mask=None
+):
     """Fraction of valid keys that are epsilon-explained-away (paper Def. 1).
 
     A key is epsilon-explained-away when the attention it receives over all
@@ -68,10 +109,12 @@ def explained_away_fraction(weights, key_mask=None, epsilon=1e-8):
         weights: `(B, N, T, S)` attention weights.
         key_mask: optional `(B, S)` booleans, valid keys.
         epsilon: float. Defaults to `1e-8`.
+        query_mask: optional `(B, T)` booleans, valid queries (see
+            `key_attention_totals`).
 
     Returns:
         float in `[0, 1]`, over every (example, head, valid key).
     """
-    totals = key_attention_totals(weights, key_mask)
+    totals = key_attention_totals(weights, key_mask, query_mask)
     valid = ~np.isnan(totals)
     return float((totals[valid] < epsilon).mean())

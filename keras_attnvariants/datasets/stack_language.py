@@ -9,6 +9,8 @@ appeared): that span determines the current depth, hence which tokens may
 come next.
 """
 
+import numbers
+
 import numpy as np
 
 # Token ids: digits are themselves; "(" = 5, ")" = 6.
@@ -66,10 +68,15 @@ def stack_language(num_examples, length=30, seed=None):
         ("num_examples", num_examples, 1),
         ("length", length, 2),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Integral)
+            or value < low
+        ):
             raise ValueError(
                 f"`{name}` must be an int >= {low}. Received: {name}={value!r}"
             )
+    num_examples, length = int(num_examples), int(length)
     rng = np.random.default_rng(seed)
     tokens = np.array(
         [_sequence(rng, length) for _ in range(num_examples)], "int32"

@@ -3,6 +3,7 @@ import itertools
 import keras
 import numpy as np
 import pytest
+from scipy import stats
 
 from keras_attnvariants.analysis import interpretability as interp
 
@@ -53,3 +54,35 @@ def test_gradient_importance_of_a_linear_model():
     best = np.einsum("btd,tdc->bc", h0, w).argmax(-1)
     want = np.linalg.norm(w[:, :, best].transpose(2, 0, 1), axis=-1)
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_kendall_tau_integer_mask_and_ties():
+    # A 0/1 mask selects tokens; it must not index positions 1, 1, 1, 0, 0.
+    rng = np.random.default_rng(3)
+    a, b = rng.random((2, 5)), rng.random((2, 5))
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
+    np.testing.assert_allclose(
+        interp.kendall_tau(a, b, mask), interp.kendall_tau(a, b, mask > 0)
+    )
+    # Ties: tau-b, as scipy's default.
+    a, b = np.array([[1.0, 1.0, 2.0, 3.0]]), np.array([[1.0, 2.0, 3.0, 4.0]])
+    want = stats.kendalltau(a[0], b[0], variant="b").statistic
+    np.testing.assert_allclose(interp.kendall_tau(a, b), [want])
+    with pytest.raises(ValueError, match="mask"):
+        interp.kendall_tau(a, b, np.ones((2, 4), bool))
+
+
+def test_attention_importance_drops_padded_queries():
+    z = np.random.default_rng(4).random((2, 3, 4, 4))
+    mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool)
+    got = interp.attention_importance([z], mask, query_mask=mask)
+    want = (z * mask[:, None, :, None]).sum(axis=(1, 2)) * mask
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    with pytest.raises(ValueError, match="mask"):
+        interp.attention_importance([z], mask[:, :3])
+
+
+def test_kendall_tau_nan_for_fewer_than_two_tokens():
+    a = np.array([[0.3, 0.1, 0.2]])
+    mask = np.array([[True, False, False]])
+    assert np.isnan(interp.kendall_tau(a, a, mask)).all()

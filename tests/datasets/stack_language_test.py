@@ -55,3 +55,8 @@ def test_invalid_arguments_raise():
         stack_language(3, length=1)
     with pytest.raises(ValueError, match="num_examples"):
         stack_language(0)
+
+
+def test_numpy_integer_arguments_accepted():
+    data = stack_language(np.int64(2), length=np.int32(6), seed=0)
+    assert data["tokens"].shape == (2, 6)
