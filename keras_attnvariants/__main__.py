@@ -59,13 +59,18 @@ def parse(argv):
         default=None,
         help="SavedModel folder (default saved_models/demo_best)",
     )
-    demo.add_argument("--seed", type=int, default=0, help="data seed")
+    demo.add_argument(
+        "--seed", type=int, default=0, help="data seed (int >= 0)"
+    )
     demo.add_argument(
         "--jit-compile", action="store_true", help="compile steps with XLA"
     )
     args = parser.parse_args(argv)
     if args.command is None:
         parser.error(f"missing command; choose from {', '.join(COMMANDS)}")
+    # NumPy's generators take seeds >= 0 only.
+    if args.command == "demo" and args.seed < 0:
+        demo.error(f"argument --seed: must be an int >= 0, got {args.seed}")
     return args
 
 

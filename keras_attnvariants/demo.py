@@ -196,8 +196,12 @@ def evaluate(model, backbone, variant, task, batch):
     )
     probe = {k: v[:batch] for k, v in test.items()}
     weights = attention_weights(backbone, probe)
+    # keras-hub masks keys only: leave the padded queries' rows out too.
     mask = np.asarray(probe["padding_mask"], bool)
-    fractions = [evaluation.explained_away_fraction(w, mask) for w in weights]
+    fractions = [
+        evaluation.explained_away_fraction(w, mask, query_mask=mask)
+        for w in weights
+    ]
     mmd = key_query_mmd(backbone, [probe])["total"]
     try:
         hybrid = hybrid_weights(backbone)
@@ -210,7 +214,12 @@ def evaluate(model, backbone, variant, task, batch):
         "mmd": float(mmd),
         "hybrid": hybrid,
         "column_sums": np.concatenate(
-            [evaluation.key_attention_totals(w, mask).ravel() for w in weights]
+            [
+                evaluation.key_attention_totals(
+                    w, mask, query_mask=mask
+                ).ravel()
+                for w in weights
+            ]
         ),
         "example_attention": weights[-1][0, 0],
     }

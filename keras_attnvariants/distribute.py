@@ -12,7 +12,21 @@ On the JAX backend use `keras.distribution.DataParallel` instead (see
 `data_parallel()`); on PyTorch use its own data-parallel tools.
 """
 
+import numbers
+
 import keras
+
+
+def _count(name, value):
+    """Raises `ValueError` unless `value` is an int >= 1."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or value < 1
+    ):
+        raise ValueError(
+            f"`{name}` must be an int >= 1. Received: {name}={value!r}"
+        )
 
 
 def _tensorflow():
@@ -33,10 +47,7 @@ def split_cpu(num_devices):
     used to test multi-replica training on a CPU-only machine.
     """
     tf = _tensorflow()
-    if num_devices < 1:
-        raise ValueError(
-            f"`num_devices` must be >= 1. Received: num_devices={num_devices}"
-        )
+    _count("num_devices", num_devices)
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
         cpu,
@@ -53,13 +64,15 @@ def pick_strategy(tpu=None, cpu_replicas=None):
             (`None` tries the local / environment-configured TPU).
         cpu_replicas: optional int. Without accelerators, use a
             `MirroredStrategy` over this many logical CPU devices (they must
-            have been created with `split_cpu`); `None` means the default
-            strategy.
+            have been created with `split_cpu`), an int >= 1; `None` means
+            the default strategy.
 
     Returns:
         A `tf.distribute.Strategy`.
     """
     tf = _tensorflow()
+    if cpu_replicas is not None:
+        _count("cpu_replicas", cpu_replicas)
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
         tf.config.experimental_connect_to_cluster(resolver)

@@ -58,6 +58,25 @@ def test_pick_strategy_on_this_machine_is_default():
     assert strategy.num_replicas_in_sync == 1
 
 
+@on_tf
+@pytest.mark.parametrize("value", [-1, 0, 1.5, True, "2"])
+def test_pick_strategy_rejects_bad_cpu_replicas(value):
+    from keras_attnvariants import distribute
+
+    # -1 used to give a MirroredStrategy over all CPUs but the last.
+    with pytest.raises(ValueError, match="cpu_replicas"):
+        distribute.pick_strategy(cpu_replicas=value)
+
+
+@on_tf
+@pytest.mark.parametrize("value", [0, 2.0, True])
+def test_split_cpu_rejects_bad_num_devices(value):
+    from keras_attnvariants import distribute
+
+    with pytest.raises(ValueError, match="num_devices"):
+        distribute.split_cpu(value)
+
+
 def test_jax_data_parallel_over_two_host_devices():
     pytest.importorskip("jax")
     results = run_module(

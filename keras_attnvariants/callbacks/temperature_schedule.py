@@ -1,6 +1,7 @@
 """`TemperatureSchedule`: anneals every `GumbelDiscreteAttention`."""
 
 import math
+import numbers
 
 import keras
 
@@ -17,13 +18,14 @@ UNITS = ("epoch", "batch")
 
 
 def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    # Python and NumPy scalars, as `check_temperature` accepts them.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(
-            f"`{name}` must be a float > 0. Received: {name}={value!r}"
+            f"`{name}` must be a finite float > 0. Received: {name}={value!r}"
         )
-    if not value > 0:
+    if not (math.isfinite(value) and value > 0):
         raise ValueError(
-            f"`{name}` must be a float > 0. Received: {name}={value}"
+            f"`{name}` must be a finite float > 0. Received: {name}={value}"
         )
 
 
@@ -73,13 +75,20 @@ class TemperatureSchedule(keras.callbacks.Callback):
     Args:
         schedule: one of `"constant"`, `"linear"`, `"exponential"`.
             Defaults to `"exponential"`.
-        initial: float > 0. Temperature at step 0. Defaults to `1.0`.
-        final: float > 0. End value of `"linear"`. Defaults to `0.5`.
+        initial: finite float > 0. Temperature at step 0. Defaults to
+            `1.0`.
+        final: finite float > 0. End value of `"linear"`. Defaults to
+            `0.5`.
         steps: int >= 1. Length of the `"linear"` ramp. Defaults to `10`.
-        rate: float > 0. Factor per step of `"exponential"` (below 1
-            cools, above 1 heats). Defaults to `0.9`.
-        floor: float > 0. Lower bound. Defaults to `0.1`.
-        unit: `"epoch"` or `"batch"`. Defaults to `"epoch"`.
+        rate: finite float > 0. Factor per step of `"exponential"` (below
+            1 cools, above 1 heats). Defaults to `0.9`.
+        floor: finite float > 0. Lower bound. Defaults to `0.1`.
+        unit: `"epoch"` or `"batch"` (every batch counts, also with
+            `steps_per_execution > 1`, where the temperature changes once
+            per execution). Defaults to `"epoch"`.
+
+    Raises `ValueError` at the start of `fit` when the model holds no
+    Gumbel layer.
 
     Example:
 
@@ -116,18 +125,25 @@ class TemperatureSchedule(keras.callbacks.Callback):
             ("floor", floor),
         ):
             _positive(name, value)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        if (
+            isinstance(steps, bool)
+            or not isinstance(steps, numbers.Integral)
+            or steps < 1
+        ):
             raise ValueError(
                 f"`steps` must be an int >= 1. Received: steps={steps!r}"
             )
         self.schedule = schedule
         self.initial = float(initial)
         self.final = float(final)
-        self.steps = steps
+        self.steps = int(steps)
         self.rate = float(rate)
         self.floor = float(floor)
         self.unit = unit
         self.history = []
+        # Batches run so far, over epochs and `fit` calls.
+        self._batches_done = 0
+        self._epoch_start = 0
 
     def value(self, step):
         """The temperature at `step` (an int >= 0)."""
@@ -146,14 +162,28 @@ class TemperatureSchedule(keras.callbacks.Callback):
             layer.set_temperature(value)
         self.history.append(value)
 
+    def on_train_begin(self, logs=None):
+        if not gumbel_layers(self.model):
+            raise ValueError(
+                "`TemperatureSchedule` found no Gumbel layer "
+                f"({', '.join(c.__name__ for c in GUMBEL_LAYERS)}) in the "
+                f"model. Received: model={self.model.name!r}"
+            )
+
     def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = self._batches_done
         if self.unit == "epoch":
             self._apply(epoch)
 
     def on_train_batch_begin(self, batch, logs=None):
+        # `batch`: index in the epoch of the first batch of this execution
+        # (`steps_per_execution` batches per call).
         if self.unit == "batch":
-            self._step = getattr(self, "_step", -1) + 1
-            self._apply(self._step)
+            self._apply(self._epoch_start + batch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        # `batch`: index in the epoch of the last batch this execution ran.
+        self._batches_done = self._epoch_start + batch + 1
 
     def get_config(self):
         return {
@@ -165,3 +195,7 @@ class TemperatureSchedule(keras.callbacks.Callback):
             "floor": self.floor,
             "unit": self.unit,
         }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)

@@ -1,5 +1,6 @@
 import keras
 import numpy as np
+import pytest
 from keras import ops
 
 from keras_attnvariants.callbacks.temperature_schedule import (
@@ -76,3 +77,46 @@ class TemperatureScheduleTest(TestCase):
             TemperatureSchedule(steps=0)
         with self.assertRaisesRegex(ValueError, "unit"):
             TemperatureSchedule(unit="step")
+
+    def test_batch_unit_counts_batches_with_steps_per_execution(self):
+        # One `train_batch_begin` per execution of 2 batches: the schedule
+        # must still advance by 2 (steps 0, 2, 4, 6 of 8 batches).
+        model = small_model()
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+        x = np.random.default_rng(0).normal(size=(4, 4, 3)).astype("float32")
+        schedule = TemperatureSchedule(
+            "exponential", initial=1.0, rate=0.5, floor=0.01, unit="batch"
+        )
+        model.fit(x, x, batch_size=1, epochs=2, verbose=0, callbacks=[schedule])
+        self.assertAllClose(schedule.history, [1.0, 0.25, 0.0625, 0.015625])
+
+    def test_model_without_gumbel_layer_raises(self):
+        inputs = keras.Input((3,))
+        model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(optimizer="sgd", loss="mse")
+        x = np.zeros((2, 3), "float32")
+        schedule = TemperatureSchedule()
+        with self.assertRaisesRegex(ValueError, "no Gumbel layer"):
+            model.fit(x, x[:, :1], verbose=0, callbacks=[schedule])
+
+    def test_serialization_round_trip(self):
+        schedule = TemperatureSchedule(
+            "linear", initial=2.0, final=0.5, steps=3, unit="batch"
+        )
+        restored = keras.saving.deserialize_keras_object(
+            keras.saving.serialize_keras_object(schedule)
+        )
+        self.assertIsInstance(restored, TemperatureSchedule)
+        self.assertEqual(restored.get_config(), schedule.get_config())
+
+    def test_numpy_scalars_accepted_and_infinity_rejected(self):
+        schedule = TemperatureSchedule(
+            "linear", initial=np.float32(0.5), steps=np.int64(3)
+        )
+        self.assertEqual(schedule.get_config()["steps"], 3)
+        self.assertIs(type(schedule.get_config()["steps"]), int)
+        for name in ("initial", "final", "rate", "floor"):
+            with self.assertRaisesRegex(ValueError, f"{name}=inf"):
+                TemperatureSchedule(**{name: float("inf")})
+        with pytest.raises(ValueError, match="steps"):
+            TemperatureSchedule(steps=2.0)
