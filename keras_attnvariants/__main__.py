@@ -23,7 +23,16 @@ def variant_list(text):
             f"unknown variant(s) {unknown or text!r}; choose from "
             f"{','.join(VARIANTS)}"
         )
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"variant(s) {repeated} given twice")
     return tuple(names)
+
+
+def folder(text):
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a folder, got ''")
+    return text
 
 
 def parse(argv):
@@ -52,10 +61,14 @@ def parse(argv):
         help="comma-separated subset of the variants",
     )
     demo.add_argument(
-        "--output", default="demo_outputs", help="folder for plots and tables"
+        "--output",
+        type=folder,
+        default="demo_outputs",
+        help="folder for plots and tables",
     )
     demo.add_argument(
         "--export-dir",
+        type=folder,
         default=None,
         help="SavedModel folder (default saved_models/demo_best)",
     )

@@ -61,7 +61,9 @@ def pick_strategy(tpu=None, cpu_replicas=None):
 
     Args:
         tpu: optional TPU name or address for `TPUClusterResolver`
-            (`None` tries the local / environment-configured TPU).
+            (`None` tries the local / environment-configured TPU and falls
+            back to the devices below when there is none; a named TPU that
+            cannot be initialized raises `ValueError`).
         cpu_replicas: optional int. Without accelerators, use a
             `MirroredStrategy` over this many logical CPU devices (they must
             have been created with `split_cpu`), an int >= 1; `None` means
@@ -78,8 +80,13 @@ def pick_strategy(tpu=None, cpu_replicas=None):
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
-    except (ValueError, RuntimeError, tf.errors.NotFoundError):
-        pass
+    except (ValueError, RuntimeError, tf.errors.NotFoundError) as error:
+        if tpu is not None:
+            # Asked for by name: training on the CPU instead would hide it.
+            raise ValueError(
+                f"`tpu` names a TPU that could not be initialized: {error}. "
+                f"Received: tpu={tpu!r}"
+            ) from error
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
         return tf.distribute.MirroredStrategy([d.name for d in gpus])

@@ -16,6 +16,11 @@ from keras_attnvariants.__main__ import parse
         (["demo", "--bogus"], "unrecognized arguments: --bogus"),
         (["demo", "--variants", "nope"], "unknown variant(s) ['nope']"),
         (["demo", "--seed", "x"], "invalid int value: 'x'"),
+        # A repeated variant trained twice; an empty folder crashed in
+        # os.makedirs (--output) or fell back to the default (--export-dir).
+        (["demo", "--variants", "dnas,dnas"], "['dnas'] given twice"),
+        (["demo", "--output", ""], "--output: must name a folder"),
+        (["demo", "--export-dir", " "], "--export-dir: must name a folder"),
         (["demo", "--quick", "--full"], "not allowed with argument"),
         ([], "missing command"),
         (["train"], "invalid choice: 'train'"),

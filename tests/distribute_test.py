@@ -59,6 +59,15 @@ def test_pick_strategy_on_this_machine_is_default():
 
 
 @on_tf
+def test_pick_strategy_named_tpu_that_fails_raises():
+    from keras_attnvariants import distribute
+
+    # A TPU asked for by name used to fall back to the CPU silently.
+    with pytest.raises(ValueError, match="tpu='local'"):
+        distribute.pick_strategy(tpu="local")
+
+
+@on_tf
 @pytest.mark.parametrize("value", [-1, 0, 1.5, True, "2"])
 def test_pick_strategy_rejects_bad_cpu_replicas(value):
     from keras_attnvariants import distribute

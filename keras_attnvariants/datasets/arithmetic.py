@@ -100,9 +100,27 @@ def tokenize(expressions):
 
     Vocabulary: 0 = padding, 1..5 = digits 0..4, 6 `+`, 7 `*`, 8 `(`,
     9 `)`. Returns an int32 array `(num_expressions, max_length)`.
+
+    Raises:
+        ValueError: for no expressions or a character outside the
+            vocabulary.
     """
     vocab = {str(d): d + 1 for d in range(DIGITS)}
     vocab.update({"+": 6, "*": 7, "(": 8, ")": 9})
+    expressions = [str(text) for text in expressions]
+    if not expressions:
+        raise ValueError(
+            "`expressions` must hold at least one expression. Received: "
+            "expressions=[]"
+        )
+    for text in expressions:
+        unknown = sorted(set(text) - set(vocab) - {" "})
+        if unknown:
+            raise ValueError(
+                f"`expressions` may hold only digits 0-{DIGITS - 1}, `+`, "
+                f"`*`, parentheses and spaces. Received {unknown} in "
+                f"{text!r}"
+            )
     ids = [[vocab[c] for c in text if c != " "] for text in expressions]
     out = np.zeros((len(ids), max(len(row) for row in ids)), "int32")
     for i, row in enumerate(ids):

@@ -1,5 +1,7 @@
 """`TwoStreamBlock`: one layer of the two-stream transformer."""
 
+import numbers
+
 import keras
 from keras import ops
 
@@ -25,6 +27,19 @@ def _positive_int(name, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(
             f"`{name}` must be an int >= 1. Received: {name}={value!r}"
+        )
+
+
+def check_view(view, num_views):
+    """`ValueError` unless `view` is an int in `[0, num_views)`."""
+    if (
+        isinstance(view, bool)
+        or not isinstance(view, numbers.Integral)
+        or not 0 <= view < num_views
+    ):
+        raise ValueError(
+            f"`view` must be an int in [0, {num_views}). "
+            f"Received: view={view!r}"
         )
 
 
@@ -359,11 +374,7 @@ class TwoStreamBlock(keras.layers.Layer):
         training=None,
         mask=None,
     ):
-        if not 0 <= view < self.num_controllers:
-            raise ValueError(
-                f"`view` must be in [0, {self.num_controllers}). "
-                f"Received: view={view}"
-            )
+        check_view(view, self.num_controllers)
         self._check_input_shape(
             keras.tree.map_structure(lambda x: tuple(x.shape), inputs)
         )

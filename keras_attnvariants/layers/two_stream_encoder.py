@@ -10,6 +10,7 @@ from keras_attnvariants.layers.two_stream_block import MODEL_ATTENTIONS
 from keras_attnvariants.layers.two_stream_block import MODES
 from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
 from keras_attnvariants.layers.two_stream_block import _positive_int
+from keras_attnvariants.layers.two_stream_block import check_view
 from keras_attnvariants.ops.receptive_field import receptive_field_mean_size
 from keras_attnvariants.ops.receptive_field import receptive_field_union_size
 from keras_attnvariants.ops.receptive_field import receptive_fields
@@ -231,11 +232,7 @@ class TwoStreamEncoder(keras.layers.Layer):
         return_attention=False,
         training=None,
     ):
-        if not 0 <= view < self.num_views:
-            raise ValueError(
-                f"`view` must be in [0, {self.num_views}). "
-                f"Received: view={view}"
-            )
+        check_view(view, self.num_views)
         self._check_shape(tuple(token_ids.shape))
         padding_mask = ops.not_equal(token_ids, 0)
         h = self._embed(token_ids, self.model_embeddings)

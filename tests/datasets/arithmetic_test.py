@@ -82,3 +82,18 @@ def test_invalid_arguments_raise(kwargs):
 def test_numpy_integer_arguments_accepted():
     data = multiview_arithmetic(np.int64(4), max_depth=np.int32(2), seed=0)
     assert data["depth"].tolist().count(2) == 2
+
+
+@pytest.mark.parametrize(
+    "expressions, message",
+    [
+        ([], "at least one expression"),
+        (["(1 + 7)"], r"\['7'\] in '\(1 \+ 7\)'"),
+    ],
+)
+def test_tokenize_rejects_empty_input_and_unknown_characters(
+    expressions, message
+):
+    # Used to fail with a bare max() error and a KeyError.
+    with pytest.raises(ValueError, match=message):
+        tokenize(expressions)

@@ -132,3 +132,8 @@ class TwoStreamEncoderTest(TestCase):
                 TwoStreamEncoder(10, 5, 1, receptive_field_coefficient=bad)
         with self.assertRaisesRegex(ValueError, "seed"):
             TwoStreamEncoder(10, 5, 1, seed="0")
+        # A float view passed the range check, then failed with a TypeError
+        # indexing the controllers.
+        for bad in (0.5, True, 1):
+            with self.assertRaisesRegex(ValueError, "`view` must be an int"):
+                encoder(np.ones((1, 4), "int32"), view=bad)
