@@ -12,21 +12,9 @@ On the JAX backend use `keras.distribution.DataParallel` instead (see
 `data_parallel()`); on PyTorch use its own data-parallel tools.
 """
 
-import numbers
-
 import keras
 
-
-def _count(name, value):
-    """Raises `ValueError` unless `value` is an int >= 1."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral)
-        or value < 1
-    ):
-        raise ValueError(
-            f"`{name}` must be an int >= 1. Received: {name}={value!r}"
-        )
+from keras_attnvariants.validation import check_int
 
 
 def _tensorflow():
@@ -47,7 +35,7 @@ def split_cpu(num_devices):
     used to test multi-replica training on a CPU-only machine.
     """
     tf = _tensorflow()
-    _count("num_devices", num_devices)
+    num_devices = check_int("num_devices", num_devices)
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
         cpu,
@@ -74,7 +62,7 @@ def pick_strategy(tpu=None, cpu_replicas=None):
     """
     tf = _tensorflow()
     if cpu_replicas is not None:
-        _count("cpu_replicas", cpu_replicas)
+        cpu_replicas = check_int("cpu_replicas", cpu_replicas)
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
         tf.config.experimental_connect_to_cluster(resolver)

@@ -5,6 +5,8 @@ NumPy functions on concrete arrays (not part of a model graph).
 
 import numpy as np
 
+from keras_attnvariants.validation import check_int
+
 
 def expected_calibration_error(probabilities, labels, num_bins=15):
     """Expected calibration error of a classifier (equal-width bins).
@@ -37,14 +39,7 @@ def expected_calibration_error(probabilities, labels, num_bins=15):
             "`probabilities` must lie in [0, 1] (not logits). Received: "
             f"min={probabilities.min()}, max={probabilities.max()}"
         )
-    if (
-        isinstance(num_bins, bool)
-        or not isinstance(num_bins, int)
-        or num_bins < 1
-    ):
-        raise ValueError(
-            f"`num_bins` must be an int >= 1. Received: num_bins={num_bins!r}"
-        )
+    num_bins = check_int("num_bins", num_bins)
     confidence = probabilities.max(-1)
     correct = probabilities.argmax(-1) == labels
     bins = np.minimum((confidence * num_bins).astype(int), num_bins - 1)

@@ -9,6 +9,7 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (
     GumbelDiscreteAttention,
 )
 from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
+from keras_attnvariants.validation import check_int
 
 # Layers with a Gumbel temperature variable and `set_temperature`.
 GUMBEL_LAYERS = (GumbelDiscreteAttention, TwoStreamBlock)
@@ -125,14 +126,7 @@ class TemperatureSchedule(keras.callbacks.Callback):
             ("floor", floor),
         ):
             _positive(name, value)
-        if (
-            isinstance(steps, bool)
-            or not isinstance(steps, numbers.Integral)
-            or steps < 1
-        ):
-            raise ValueError(
-                f"`steps` must be an int >= 1. Received: steps={steps!r}"
-            )
+        steps = check_int("steps", steps)
         self.schedule = schedule
         self.initial = float(initial)
         self.final = float(final)

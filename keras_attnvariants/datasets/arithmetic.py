@@ -10,9 +10,9 @@ depth is the deepest parenthesis nesting of the infix view, i.e. the
 height of the operator tree minus one. Depth 1 is e.g. `(4 + 1) * 3`.
 """
 
-import numbers
-
 import numpy as np
+
+from keras_attnvariants.validation import check_int
 
 DIGITS = 5
 OPERATORS = ("+", "*")
@@ -70,19 +70,8 @@ def multiview_arithmetic(num_examples, max_depth=3, seed=None):
     >>> sorted(data)
     ['depth', 'infix', 'label', 'prefix']
     """
-    for name, value in (
-        ("num_examples", num_examples),
-        ("max_depth", max_depth),
-    ):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, numbers.Integral)
-            or value < 1
-        ):
-            raise ValueError(
-                f"`{name}` must be an int >= 1. Received: {name}={value!r}"
-            )
-    num_examples, max_depth = int(num_examples), int(max_depth)
+    num_examples = check_int("num_examples", num_examples)
+    max_depth = check_int("max_depth", max_depth)
     rng = np.random.default_rng(seed)
     depths = np.arange(num_examples) % max_depth + 1
     rng.shuffle(depths)

@@ -14,10 +14,11 @@ pinned dependencies).
 import bz2
 import csv
 import importlib.util
-import numbers
 import os
 
 import numpy as np
+
+from keras_attnvariants.validation import check_int
 
 
 def package_dir(name):
@@ -62,15 +63,8 @@ def rotten_tomatoes(num_examples=None, seed=0):
             says how to install it.
         ValueError: if `num_examples` is not an int in `1..12752`.
     """
-    if num_examples is not None and (
-        isinstance(num_examples, bool)
-        or not isinstance(num_examples, numbers.Integral)
-        or num_examples < 1
-    ):
-        raise ValueError(
-            "`num_examples` must be None or an int >= 1. "
-            f"Received: num_examples={num_examples!r}"
-        )
+    if num_examples is not None:
+        num_examples = check_int("num_examples", num_examples)
     path = rotten_tomatoes_path()
     if path is None:
         raise FileNotFoundError(

@@ -9,9 +9,9 @@ appeared): that span determines the current depth, hence which tokens may
 come next.
 """
 
-import numbers
-
 import numpy as np
+
+from keras_attnvariants.validation import check_int
 
 # Token ids: digits are themselves; "(" = 5, ")" = 6.
 OPEN = 5
@@ -64,19 +64,8 @@ def stack_language(num_examples, length=30, seed=None):
         of the prediction at `i` (of token `i + 1`); `depth` int32
         `(num_examples, length)`, the nesting depth after each token.
     """
-    for name, value, low in (
-        ("num_examples", num_examples, 1),
-        ("length", length, 2),
-    ):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, numbers.Integral)
-            or value < low
-        ):
-            raise ValueError(
-                f"`{name}` must be an int >= {low}. Received: {name}={value!r}"
-            )
-    num_examples, length = int(num_examples), int(length)
+    num_examples = check_int("num_examples", num_examples)
+    length = check_int("length", length, low=2)
     rng = np.random.default_rng(seed)
     tokens = np.array(
         [_sequence(rng, length) for _ in range(num_examples)], "int32"

@@ -6,9 +6,9 @@ from keras import ops
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.ops.combine import doubly_normalized_attend
 from keras_attnvariants.ops.masking import large_negative
-from keras_attnvariants.ops.normalization import _check_iterations
 from keras_attnvariants.ops.normalization import doubly_normalize
 from keras_attnvariants.ops.normalization import doubly_normalized_bias
+from keras_attnvariants.validation import check_int
 
 
 def fused_biased_attention(layer, query, key, value, mask, bias):
@@ -117,7 +117,7 @@ class DoublyNormalizedAttention(VariantAttention):
     )
 
     def __init__(self, num_heads, key_dim, iterations=1, **kwargs):
-        _check_iterations(iterations)
+        iterations = check_int("iterations", iterations)
         super().__init__(num_heads=num_heads, key_dim=key_dim, **kwargs)
         self.iterations = iterations
 

@@ -9,8 +9,8 @@ from keras_attnvariants.layers.doubly_normalized_attention import (
 from keras_attnvariants.layers.doubly_normalized_attention import key_bias
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.ops.combine import hybrid_attend
-from keras_attnvariants.ops.normalization import _check_iterations
 from keras_attnvariants.ops.normalization import hybrid_normalize
+from keras_attnvariants.validation import check_int
 
 
 @keras.saving.register_keras_serializable(package="keras_attnvariants")
@@ -92,7 +92,7 @@ class HybridAttention(VariantAttention):
                 "`hybrid_init` must be in [0, 1]. "
                 f"Received: hybrid_init={hybrid_init}"
             )
-        _check_iterations(iterations)
+        iterations = check_int("iterations", iterations)
         super().__init__(num_heads=num_heads, key_dim=key_dim, **kwargs)
         self.hybrid_init = float(hybrid_init)
         self.iterations = iterations

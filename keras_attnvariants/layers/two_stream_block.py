@@ -18,16 +18,10 @@ from keras_attnvariants.ops.gumbel import rows_with_valid_key
 from keras_attnvariants.ops.gumbel import selection_logits
 from keras_attnvariants.ops.masking import causal_mask
 from keras_attnvariants.ops.normalization import masked_softmax
+from keras_attnvariants.validation import check_int
 
 MODES = ("two_stream", "single_stream")
 MODEL_ATTENTIONS = ("discrete", "soft")
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"`{name}` must be an int >= 1. Received: {name}={value!r}"
-        )
 
 
 def check_view(view, num_views):
@@ -143,13 +137,10 @@ class TwoStreamBlock(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for name, value in (
-            ("d_model", d_model),
-            ("num_heads", num_heads),
-            ("d_ff", d_ff),
-            ("num_controllers", num_controllers),
-        ):
-            _positive_int(name, value)
+        d_model = check_int("d_model", d_model)
+        num_heads = check_int("num_heads", num_heads)
+        d_ff = check_int("d_ff", d_ff)
+        num_controllers = check_int("num_controllers", num_controllers)
         if d_model % num_heads:
             raise ValueError(
                 "`d_model` must be divisible by `num_heads`. Received: "

@@ -9,11 +9,11 @@ from keras import ops
 from keras_attnvariants.layers.two_stream_block import MODEL_ATTENTIONS
 from keras_attnvariants.layers.two_stream_block import MODES
 from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
-from keras_attnvariants.layers.two_stream_block import _positive_int
 from keras_attnvariants.layers.two_stream_block import check_view
 from keras_attnvariants.ops.receptive_field import receptive_field_mean_size
 from keras_attnvariants.ops.receptive_field import receptive_field_union_size
 from keras_attnvariants.ops.receptive_field import receptive_fields
+from keras_attnvariants.validation import check_int
 
 REDUCTIONS = ("mean", "union")
 
@@ -91,16 +91,13 @@ class TwoStreamEncoder(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for name, value in (
-            ("vocab_size", vocab_size),
-            ("max_length", max_length),
-            ("num_layers", num_layers),
-            ("d_model", d_model),
-            ("num_heads", num_heads),
-            ("d_ff", d_ff),
-            ("num_views", num_views),
-        ):
-            _positive_int(name, value)
+        vocab_size = check_int("vocab_size", vocab_size)
+        max_length = check_int("max_length", max_length)
+        num_layers = check_int("num_layers", num_layers)
+        d_model = check_int("d_model", d_model)
+        num_heads = check_int("num_heads", num_heads)
+        d_ff = check_int("d_ff", d_ff)
+        num_views = check_int("num_views", num_views)
         if seed is not None and (
             isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
         ):

@@ -8,6 +8,7 @@ from keras_attnvariants.ops.patterns import EDGE_ROWS
 from keras_attnvariants.ops.patterns import PATTERN_NAMES
 from keras_attnvariants.ops.patterns import guidance_pattern
 from keras_attnvariants.ops.patterns import normalize_token_id
+from keras_attnvariants.validation import check_int
 
 REDUCTIONS = ("sum", "mean")
 
@@ -33,15 +34,7 @@ def default_head_patterns(num_heads, fraction=0.5):
     >>> default_head_patterns(8, fraction=0.5)
     {0: 'next', 1: 'prev', 2: 'first', 3: 'first'}
     """
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int):
-        raise ValueError(
-            "`num_heads` must be an int >= 1. "
-            f"Received: num_heads={num_heads!r}"
-        )
-    if num_heads < 1:
-        raise ValueError(
-            f"`num_heads` must be an int >= 1. Received: num_heads={num_heads}"
-        )
+    num_heads = check_int("num_heads", num_heads)
     if not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
         raise ValueError(
             "`fraction` must be a float in (0, 1]. "

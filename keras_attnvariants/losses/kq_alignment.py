@@ -11,6 +11,7 @@ from keras_attnvariants.ops.transport import gaussian_mmd
 from keras_attnvariants.ops.transport import sinkhorn_cost
 from keras_attnvariants.ops.transport import squared_euclidean_cost
 from keras_attnvariants.ops.transport import uniform_marginal
+from keras_attnvariants.validation import check_int
 
 METHODS = ("gan", "ot", "ct", "mmd")
 # The methods with trained adversaries (`adversary_per_head` applies).
@@ -257,15 +258,7 @@ class KQAlignment(AttentionLoss):
                 f"Received: hidden_dim={hidden_dim!r}"
             )
         _check_float("epsilon", epsilon, 0.0, False)
-        if (
-            isinstance(iterations, bool)
-            or not isinstance(iterations, int)
-            or iterations < 1
-        ):
-            raise ValueError(
-                "`iterations` must be an int >= 1. "
-                f"Received: iterations={iterations!r}"
-            )
+        iterations = check_int("iterations", iterations)
         _check_float("bandwidth", bandwidth, 0.0, False)
         _check_float("rho", rho, 0.0, True)
         if rho > 1.0:

@@ -9,6 +9,7 @@ never NaN.
 from keras import ops
 
 from keras_attnvariants.ops.masking import MASK_FILL
+from keras_attnvariants.validation import check_int
 
 
 def _prepare(scores, mask):
@@ -197,18 +198,6 @@ def _doubly_normalize32(x, mask, iterations):
     return _softmax32(x, mask)
 
 
-def _check_iterations(iterations):
-    if isinstance(iterations, bool) or not isinstance(iterations, int):
-        raise ValueError(
-            "`iterations` must be an int >= 1. "
-            f"Received: iterations={iterations!r}"
-        )
-    if iterations < 1:
-        raise ValueError(
-            f"`iterations` must be >= 1. Received: iterations={iterations}"
-        )
-
-
 def masked_softmax(scores, mask=None):
     """Softmax over keys (axis -1) with a boolean mask.
 
@@ -248,7 +237,7 @@ def doubly_normalize(scores, mask=None, iterations=1):
         (Theorem 2). Masked entries, rows with no valid key and columns with
         no valid query are 0.
     """
-    _check_iterations(iterations)
+    iterations = check_int("iterations", iterations)
     x, mask = _prepare(scores, mask)
     return ops.cast(_doubly_normalize32(x, mask, iterations), scores.dtype)
 
@@ -268,7 +257,7 @@ def hybrid_normalize(scores, mix, mask=None, iterations=1):
     Returns:
         Weights of the shape and dtype of `scores`.
     """
-    _check_iterations(iterations)
+    iterations = check_int("iterations", iterations)
     x, mask = _prepare(scores, mask)
     mix = ops.cast(mix, "float32")
     if iterations == 1:
