@@ -55,31 +55,57 @@ def attention_importance(attentions, mask=None, query_mask=None):
 
 
 def gradient_importance(predict, embeddings):
-    """`(B, T)` norms `||d y_hat / d h^0_i||` (TensorFlow backend).
+    """`(B, T)` norms `||d y_hat / d h^0_i||`, on every backend.
 
     Args:
         predict: function mapping embeddings `(B, T, D)` to logits
-            `(B, C)`; `y_hat` is the logit of each example's argmax class.
+            `(B, C)` (e.g. a Keras model from embeddings, called in
+            inference mode); `y_hat` is the logit of each example's argmax
+            class.
         embeddings: `(B, T, D)` input embeddings `h^0`.
 
     Returns:
         float32 NumPy array `(B, T)`.
     """
-    if keras.backend.backend() != "tensorflow":
+    h0 = np.asarray(ops.convert_to_numpy(embeddings), "float32")
+    if h0.ndim != 3:
         raise ValueError(
-            "`gradient_importance` needs the TensorFlow backend. "
-            f"Received: backend={keras.backend.backend()!r}"
+            "`embeddings` must be (batch, tokens, features). "
+            f"Received: embeddings.shape={h0.shape}"
         )
-    import tensorflow as tf
 
-    h0 = tf.convert_to_tensor(embeddings, "float32")
-    with tf.GradientTape() as tape:
-        tape.watch(h0)
-        logits = tf.cast(predict(h0), "float32")
-        best = tf.reduce_max(logits, axis=-1)
-        total = tf.reduce_sum(best)
-    grads = tape.gradient(total, h0)
-    return tf.norm(grads, axis=-1).numpy().astype("float32")
+    def best_logits(h):
+        # Each example's gradient is that of its own top logit: the examples
+        # are independent, so the sum's gradient holds all of them.
+        logits = ops.cast(predict(h), "float32")
+        return ops.sum(ops.max(logits, axis=-1))
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        h = tf.convert_to_tensor(h0)
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            total = best_logits(h)
+        grads = tape.gradient(total, h).numpy()
+    elif backend == "jax":
+        import jax
+
+        grads = np.asarray(jax.grad(best_logits)(h0))
+    elif backend == "torch":
+        import torch
+
+        h = torch.tensor(h0, requires_grad=True)
+        with torch.enable_grad():
+            best_logits(h).backward()
+        grads = h.grad.detach().cpu().numpy()
+    else:
+        raise ValueError(
+            "`gradient_importance` needs the TensorFlow, JAX or PyTorch "
+            f"backend. Received: backend={backend!r}"
+        )
+    return np.linalg.norm(grads, axis=-1).astype("float32")
 
 
 def kendall_tau(first, second, mask=None):
