@@ -15,6 +15,47 @@ import time
 
 from keras_attnvariants import distribute
 
+LENGTH, VOCAB = 16, 50
+
+
+def make_data(n, seed=0):
+    """`(n, LENGTH)` token ids padded with 0 and labels (first token odd)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, VOCAB, size=(n, LENGTH)).astype("int32")
+    lengths = rng.integers(4, LENGTH + 1, size=n)
+    tokens[np.arange(LENGTH)[None] >= lengths[:, None]] = 0
+    labels = (tokens[:, 0] % 2).astype("int32")
+    return tokens, labels
+
+
+def build_model():
+    """DNAS and HNAS blocks, mean pooling, softmax (compiled)."""
+    import keras
+
+    import keras_attnvariants as kav
+
+    inputs = keras.Input((LENGTH,), dtype="int32", name="tokens")
+    # Explicit masks: Keras MHA drops the Keras mask of its inputs, so the
+    # residual sums carry none (the second attention attended the padded
+    # keys and the pooling averaged the padded positions).
+    real = keras.ops.not_equal(inputs, 0)
+    pairs = keras.ops.logical_and(real[:, :, None], real[:, None, :])
+    x = keras.layers.Embedding(VOCAB, 32)(inputs)
+    x = x + kav.DoublyNormalizedAttention(4, 8)(x, x, attention_mask=pairs)
+    x = keras.layers.LayerNormalization()(x)
+    x = x + kav.HybridAttention(4, 8, hybrid_init=0.5)(
+        x, x, attention_mask=pairs
+    )
+    x = keras.layers.GlobalAveragePooling1D()(x, mask=real)
+    outputs = keras.layers.Dense(2, activation="softmax")(x)
+    model = keras.Model(inputs, outputs)
+    model.compile(
+        "adam", "sparse_categorical_crossentropy", metrics=["accuracy"]
+    )
+    return model
+
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -45,33 +86,16 @@ def main(argv=None):
     import numpy as np
     import tensorflow as tf
 
-    import keras_attnvariants as kav
-
     strategy = distribute.pick_strategy(cpu_replicas=args.cpu_replicas)
     print(
         f"strategy: {type(strategy).__name__}, "
         f"replicas: {strategy.num_replicas_in_sync}"
     )
-    length, vocab = 16, 50
+    keras.utils.set_random_seed(0)
     n = 256 if args.quick else 4096
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(1, vocab, size=(n, length)).astype("int32")
-    lengths = rng.integers(4, length + 1, size=n)
-    tokens[np.arange(length)[None] >= lengths[:, None]] = 0
-    labels = (tokens[:, 0] % 2).astype("int32")
-
+    tokens, labels = make_data(n)
     with strategy.scope():
-        inputs = keras.Input((length,), dtype="int32", name="tokens")
-        x = keras.layers.Embedding(vocab, 32, mask_zero=True)(inputs)
-        x = x + kav.DoublyNormalizedAttention(4, 8)(x, x)
-        x = keras.layers.LayerNormalization()(x)
-        x = x + kav.HybridAttention(4, 8, hybrid_init=0.5)(x, x)
-        x = keras.layers.GlobalAveragePooling1D()(x)
-        outputs = keras.layers.Dense(2, activation="softmax")(x)
-        model = keras.Model(inputs, outputs)
-        model.compile(
-            "adam", "sparse_categorical_crossentropy", metrics=["accuracy"]
-        )
+        model = build_model()
     start = time.time()
     model.fit(
         tokens, labels, batch_size=32, epochs=1 if args.quick else 5, verbose=2

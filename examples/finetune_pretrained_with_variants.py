@@ -36,6 +36,9 @@ from keras_attnvariants.backbones.pretrained import first_layers  # noqa: E402
 from keras_attnvariants.backbones.pretrained import load_minilm  # noqa: E402
 from keras_attnvariants.datasets.offline import rotten_tomatoes  # noqa: E402
 
+# Run order: "standard" last, it fine-tunes the loaded backbone itself.
+VARIANTS = ("dnas", "hnas", "standard")
+
 
 class HybridLearningRateAdamW(keras.optimizers.AdamW):
     """AdamW whose HNAS mixing weights take a multiplied learning rate.
@@ -63,6 +66,38 @@ class HybridLearningRateAdamW(keras.optimizers.AdamW):
         if self._get_variable_index(variable) in self._hybrid_indices:
             learning_rate = learning_rate * self.hybrid_multiplier
         super().update_step(gradient, variable, learning_rate)
+
+
+def build_classifier(pretrained, name, args):
+    """The compiled `BertTextClassifier` of variant `name` (`VARIANTS`).
+
+    `"standard"` fine-tunes `pretrained` itself; the others a converted
+    copy.
+    """
+    backbone = pretrained
+    if name == "dnas":
+        backbone = convert_backbone(pretrained, kav.DoublyNormalizedAttention)
+    elif name == "hnas":
+        backbone = convert_backbone(
+            pretrained, kav.HybridAttention, hybrid_init=args.hybrid_init
+        )
+    # Seeded after the conversion, which draws random numbers: every
+    # variant starts from the same classifier head.
+    keras.utils.set_random_seed(args.seed)
+    model = keras_hub.models.BertTextClassifier(
+        backbone=backbone, num_classes=2, preprocessor=None
+    )
+    model.compile(
+        optimizer=HybridLearningRateAdamW(
+            args.learning_rate, args.hybrid_lr_multiplier
+        ),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        # XLA compilation of the train step costs more than it saves
+        # on a few hundred CPU steps.
+        jit_compile=False,
+        run_eagerly=args.run_eagerly,
+    )
+    return model
 
 
 def encode(preprocessor, texts):
@@ -113,6 +148,9 @@ def main():
         help="skip graph tracing (faster for a few steps; set by --quick)",
     )
     args = parser.parse_args()
+    unknown = sorted(set(args.variants.split(",")) - set(VARIANTS))
+    if unknown:  # they were skipped silently
+        parser.error(f"--variants: unknown {unknown}; choose from {VARIANTS}")
     if args.quick:
         args.train, args.test, args.sequence_length = 16, 16, 16
         args.num_layers, args.epochs, args.batch_size = 2, 1, 16
@@ -130,12 +168,6 @@ def main():
     x_test = encode(preprocessor, texts[args.train :])
     y_train, y_test = labels[: args.train], labels[args.train :]
 
-    variants = {
-        "dnas": (kav.DoublyNormalizedAttention, {}),
-        "hnas": (kav.HybridAttention, {"hybrid_init": args.hybrid_init}),
-        # Last: it fine-tunes the loaded backbone itself.
-        "standard": None,
-    }
     chosen = args.variants.split(",")
     print(
         f"MiniLM, {pretrained.num_layers} layers; train {len(y_train)} / "
@@ -143,26 +175,11 @@ def main():
         f"{args.epochs} epoch(s), batch {args.batch_size}"
     )
     results = {}
-    for name, variant in variants.items():
+    for name in VARIANTS:
         if name not in chosen:
             continue
-        keras.utils.set_random_seed(args.seed)
-        backbone = pretrained
-        if variant is not None:
-            backbone = convert_backbone(pretrained, variant[0], **variant[1])
-        model = keras_hub.models.BertTextClassifier(
-            backbone=backbone, num_classes=2, preprocessor=None
-        )
-        model.compile(
-            optimizer=HybridLearningRateAdamW(
-                args.learning_rate, args.hybrid_lr_multiplier
-            ),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            # XLA compilation of the train step costs more than it saves
-            # on a few hundred CPU steps.
-            jit_compile=False,
-            run_eagerly=args.run_eagerly,
-        )
+        model = build_classifier(pretrained, name, args)
+        backbone = model.backbone
         fit_start = time.perf_counter()
         model.fit(
             x_train,

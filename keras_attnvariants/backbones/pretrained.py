@@ -2,6 +2,7 @@
 
 from keras_attnvariants.backbones.conversion import import_keras_hub
 from keras_attnvariants.datasets.offline import minilm_path
+from keras_attnvariants.validation import check_int
 
 
 def load_minilm(sequence_length=64):
@@ -65,7 +66,8 @@ def first_layers(backbone, num_layers):
     Returns:
         The truncated backbone.
     """
-    if not 1 <= num_layers <= backbone.num_layers:
+    num_layers = check_int("num_layers", num_layers)
+    if num_layers > backbone.num_layers:
         raise ValueError(
             "`num_layers` must be an int in [1, backbone.num_layers="
             f"{backbone.num_layers}]. Received: num_layers={num_layers}"

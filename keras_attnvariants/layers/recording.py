@@ -6,11 +6,14 @@ of a layer's `_compute_attention` (the extension point of
 `tests/layers/mha_contract_test.py` pins) is appended to a list of
 `AttentionCall` records, in call order. The recorder is an instance
 attribute that shadows the class method and is removed on exit, even if
-the forward pass raises. Run the forward pass eagerly: inside a traced
-function the records would hold symbolic tensors.
+the forward pass raises (an instance attribute that was there before, e.g.
+the recorder of an enclosing `record_attention`, is put back, so recorders
+nest). Run the forward pass eagerly: inside a traced function the records
+would hold symbolic tensors.
 """
 
 import contextlib
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -68,6 +71,12 @@ def record_attention(layers, with_weights=False):
     >>> tuple(calls[0].weights.shape)
     (1, 2, 3, 3)
     """
+    if isinstance(layers, keras_layers.Layer):
+        raise ValueError(
+            "`layers` must be an iterable of "
+            "`keras.layers.MultiHeadAttention` (e.g. `[layer]`). "
+            f"Received: a single {type(layers).__name__}"
+        )
     layers = list(dict.fromkeys(layers))
     for layer in layers:
         if not isinstance(layer, keras_layers.MultiHeadAttention):
@@ -76,13 +85,19 @@ def record_attention(layers, with_weights=False):
                 f"instances. Received: {type(layer).__name__}"
             )
     calls = []
+    # (layer, the instance attribute it had before, if any), to restore.
+    wrapped = []
     try:
         for layer in layers:
+            previous = vars(layer).get("_compute_attention")
             layer._compute_attention = _recorder(layer, calls, with_weights)
+            wrapped.append((layer, previous))
         yield calls
     finally:
-        for layer in layers:
+        for layer, previous in reversed(wrapped):
             layer.__dict__.pop("_compute_attention", None)
+            if previous is not None:
+                layer._compute_attention = previous
 
 
 def _recorder(layer, calls, with_weights):
@@ -90,6 +105,8 @@ def _recorder(layer, calls, with_weights):
     compute = layer._compute_attention
     signature = inspect.signature(compute)
 
+    # `wraps`: a nested recorder binds with the method's own signature.
+    @functools.wraps(compute)
     def compute_and_record(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         if with_weights:

@@ -240,14 +240,16 @@ class AttentionGuidanceRegularizer(AttentionLoss):
                     "or a list of ints). Received: delimiter_ids=None"
                 )
         if delimiter_ids is not None:
-            delimiter_ids = list(normalize_token_id(delimiter_ids))
+            delimiter_ids = list(
+                normalize_token_id(delimiter_ids, name="delimiter_ids")
+            )
         if "period" in used and period_id is None:
             raise ValueError(
                 "The 'period' pattern needs `period_id` (an int or a list "
                 "of ints). Received: period_id=None"
             )
         if period_id is not None:
-            period_id = list(normalize_token_id(period_id))
+            period_id = list(normalize_token_id(period_id, name="period_id"))
         super().__init__(track_metric=track_metric, **kwargs)
         self.per_layer = isinstance(head_patterns, (list, tuple))
         self.head_maps = maps

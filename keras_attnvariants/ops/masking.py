@@ -61,7 +61,11 @@ def self_attention_padding_mask(mask):
 
 
 def causal_mask(query_length, key_length):
-    """`(T, S)` lower-triangular mask, aligned at the end like Keras MHA."""
+    """`(T, S)` lower-triangular mask: query `i` attends keys `j <= i`.
+
+    Aligned at the start like Keras MHA's `use_causal_mask` (for `T != S`
+    too: with `T < S` the last keys are attended by no query).
+    """
     row = ops.expand_dims(ops.arange(query_length), -1)
     col = ops.expand_dims(ops.arange(key_length), 0)
-    return ops.greater_equal(row + (key_length - query_length), col)
+    return ops.greater_equal(row, col)

@@ -5,6 +5,8 @@ guided head's query `p` should put on the keys. Rows of padded queries and
 columns of padded keys are zero, so padding never enters the guidance loss.
 """
 
+import numbers
+
 from keras import ops
 
 PATTERN_NAMES = ("first", "next", "prev", "delimiter", "period")
@@ -30,15 +32,19 @@ def _check_pattern_args(name, token_ids, token_id, edge_rows):
         normalize_token_id(token_id)
 
 
-def normalize_token_id(token_id):
-    """`token_id` (an int or a non-empty list of ints) as a tuple of ints."""
+def normalize_token_id(token_id, name="token_id"):
+    """`token_id` (an int or a non-empty list of ints) as a tuple of ints.
+
+    Python and NumPy ints are accepted (not booleans); the error names the
+    argument `name`.
+    """
     ids = token_id if isinstance(token_id, (list, tuple)) else [token_id]
     if not ids or any(
-        isinstance(i, bool) or not isinstance(i, int) for i in ids
+        isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in ids
     ):
         raise ValueError(
-            "`token_id` must be an int or a non-empty list of ints. "
-            f"Received: token_id={token_id!r}"
+            f"`{name}` must be an int or a non-empty list of ints. "
+            f"Received: {name}={token_id!r}"
         )
     return tuple(int(i) for i in ids)
 
@@ -83,11 +89,16 @@ def guidance_pattern(
     >>> from keras_attnvariants.ops.patterns import guidance_pattern
     >>> mask = np.array([[True, True, True, False]])
     >>> p = np.asarray(guidance_pattern("next", mask))
-    >>> p[0, 0].tolist(), p[0, 2].round(3).tolist()
+    >>> p[0, 0].tolist(), p[0, 2].astype("float64").round(3).tolist()
     ([0.0, 1.0, 0.0, 0.0], [0.333, 0.333, 0.333, 0.0])
     """
     _check_pattern_args(name, token_ids, token_id, edge_rows)
     valid = ops.cast(padding_mask, "float32")  # (B, T)
+    if len(valid.shape) != 2:
+        raise ValueError(
+            "`padding_mask` must have shape (B, T). Received: padding_mask "
+            f"with shape {tuple(valid.shape)}"
+        )
     length = ops.shape(valid)[1]
     # pair: (B, T, T), 1 where query and key are both real tokens.
     pair = ops.expand_dims(valid, -1) * ops.expand_dims(valid, -2)

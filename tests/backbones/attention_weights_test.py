@@ -7,6 +7,7 @@ from keras_attnvariants.backbones.attention_weights import attention_weights
 from keras_attnvariants.backbones.attention_weights import hybrid_weights
 from keras_attnvariants.backbones.conversion import convert_backbone
 from keras_attnvariants.backbones.conversion import self_attention_layers
+from keras_attnvariants.backbones.pretrained import first_layers
 from keras_attnvariants.layers.recording import record_attention
 from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.testing.test_case import TestCase
@@ -135,6 +136,38 @@ class AttentionWeightsTest(TestCase):
         self.assertAllClose(hybrid_weights(backbone), np.full((3, 2), 0.2))
         with self.assertRaisesRegex(ValueError, "HybridAttention"):
             hybrid_weights(self.bert)
+
+    def test_gpt2_weights_are_causal(self):
+        backbone = keras_hub.models.GPT2Backbone(
+            vocabulary_size=50,
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=8,
+            intermediate_dim=16,
+            max_sequence_length=8,
+        )
+        data = inputs(lengths=(5, 3), total=5)
+        del data["segment_ids"]
+        (weights,) = attention_weights(backbone, data)
+        self.assertEqual(weights.shape, (2, 2, 5, 5))
+        self.assertAllClose(weights.sum(-1), np.ones((2, 2, 5)), atol=1e-5)
+        upper = np.triu(np.ones((5, 5), bool), 1)
+        self.assertAllClose(weights[:, :, upper], 0.0)
+        self.assertAllClose(weights[1, :, :, 3:], 0.0)  # padded keys
+
+    def test_first_layers_keeps_the_first_blocks(self):
+        data = inputs()
+        full = attention_weights(self.bert, data)
+        for count in (1, np.int64(2)):
+            truncated = first_layers(self.bert, count)
+            self.assertIs(type(truncated.num_layers), int)
+            got = attention_weights(truncated, data)
+            self.assertLen(got, int(count))
+            for layer_got, layer_full in zip(got, full):
+                self.assertAllClose(layer_got, layer_full, atol=1e-6)
+        for bad in (0, 3, True, 1.5):
+            with self.assertRaisesRegex(ValueError, "num_layers"):
+                first_layers(self.bert, bad)
 
 
 @keras.saving.register_keras_serializable(package="kav_backbone_tests")

@@ -332,6 +332,17 @@ class AttentionGuidanceRegularizerTest(TestCase):
         ("edge", {"edge_rows": "one"}, "edge_rows"),
         ("delim", {"head_patterns": {0: "delimiter"}}, "delimiter_ids"),
         ("period", {"head_patterns": {0: "period"}}, "period_id"),
+        # Bad ids name their argument (the error said `token_id`).
+        (
+            "delim_value",
+            {"head_patterns": {0: "delimiter"}, "delimiter_ids": "x"},
+            "`delimiter_ids`",
+        ),
+        (
+            "period_value",
+            {"head_patterns": {0: "period"}, "period_id": [True]},
+            "`period_id`",
+        ),
     )
     def test_invalid_arguments(self, kwargs, message):
         args = {"head_patterns": {0: "next"}, "alpha": 1.0, **kwargs}

@@ -3,6 +3,7 @@ from absl.testing import parameterized
 from keras import ops
 
 from keras_attnvariants.ops.patterns import guidance_pattern
+from keras_attnvariants.ops.patterns import normalize_token_id
 from keras_attnvariants.testing.test_case import TestCase
 
 # Two sequences: 4 real tokens, then 3 real tokens and one pad.
@@ -135,3 +136,62 @@ class GuidancePatternTest(TestCase):
             guidance_pattern("delimiter", MASK, token_ids=IDS)
         with self.assertRaisesRegex(ValueError, "token_id"):
             guidance_pattern("delimiter", MASK, token_ids=IDS, token_id=[])
+
+    def test_numpy_int_token_ids_are_accepted(self):
+        got = pattern("delimiter", token_ids=IDS, token_id=np.int64(102))
+        want = pattern("delimiter", token_ids=IDS, token_id=102)
+        self.assertAllClose(got, want)
+        got = pattern("delimiter", token_ids=IDS, token_id=[np.int32(101), 102])
+        want = pattern("delimiter", token_ids=IDS, token_id=[101, 102])
+        self.assertAllClose(got, want)
+        self.assertEqual(normalize_token_id(np.int64(3)), (3,))
+        with self.assertRaisesRegex(ValueError, "period_id=4.0"):
+            normalize_token_id(4.0, name="period_id")
+
+    def test_padding_mask_must_be_batch_by_length(self):
+        with self.assertRaisesRegex(ValueError, "padding_mask.*shape"):
+            guidance_pattern("next", MASK[0])
+
+    @parameterized.parameters("first", "next", "prev", "delimiter")
+    def test_matches_numpy_reference_on_random_masks(self, name):
+        # Left, right and scattered padding; ids drawn from a small range.
+        rng = np.random.default_rng(0)
+        pos = np.arange(5)[None]
+        lengths = np.array([[0], [1], [3], [5]])
+        masks = [
+            pos < lengths,
+            pos >= 5 - lengths,
+            rng.random((4, 5)) < 0.6,
+        ]
+        ids = rng.integers(0, 4, size=(4, 5))
+        for mask in masks:
+            for edge_rows in ("uniform", "zero"):
+                got = guidance_pattern(
+                    name, mask, ids, token_id=[1, 2], edge_rows=edge_rows
+                )
+                want = numpy_pattern(name, mask, ids, {1, 2}, edge_rows)
+                self.assertAllClose(ops.convert_to_numpy(got), want)
+
+
+def numpy_pattern(name, mask, ids, wanted, edge_rows):
+    """Independent per-row construction of `guidance_pattern`."""
+    batch, length = mask.shape
+    out = np.zeros((batch, length, length), "float32")
+    for b in range(batch):
+        valid = mask[b]
+        for p in np.flatnonzero(valid):
+            row = np.zeros(length)
+            if name == "first":
+                row[np.argmax(valid)] = 1.0
+            elif name in ("next", "prev"):
+                q = p + (1 if name == "next" else -1)
+                if 0 <= q < length and valid[q]:
+                    row[q] = 1.0
+            else:
+                hit = valid & np.isin(ids[b], list(wanted))
+                if hit.any():
+                    row = hit / hit.sum()
+            if not row.any() and edge_rows == "uniform":
+                row = valid / valid.sum()
+            out[b, p] = row
+    return out
