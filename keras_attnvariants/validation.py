@@ -1,19 +1,55 @@
-"""Argument checks shared by the layers, losses, data and tools."""
+"""Argument checks shared by the layers, losses, data and tools.
 
+Each accepts Python and NumPy scalars (not booleans), raises `ValueError`
+naming the argument, the expected form and the received value, and
+returns the value as a Python scalar (so configs stay JSON).
+"""
+
+import math
 import numbers
 
+import numpy as np
 
-def check_int(name, value, low=1):
-    """`value` as a Python int, or `ValueError` naming `name`.
 
-    Accepts Python and NumPy integers `>= low` (not booleans).
-    """
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral)
-        or value < low
-    ):
+def _is_bool(value):
+    return isinstance(value, (bool, np.bool_))
+
+
+def check_int(name, value, low=1, high=None):
+    """`value` as a Python int in `[low, high]` (`high` None: no bound)."""
+    if _is_bool(value) or not isinstance(value, numbers.Integral):
+        ok = False
+    else:
+        ok = value >= low and (high is None or value <= high)
+    if not ok:
+        expected = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(
-            f"`{name}` must be an int >= {low}. Received: {name}={value!r}"
+            f"`{name}` must be an int {expected}. Received: {name}={value!r}"
         )
     return int(value)
+
+
+def check_float(name, value, low=0.0, low_inclusive=False):
+    """`value` as a finite Python float `> low` (`>= low` if inclusive)."""
+    ok = not _is_bool(value) and isinstance(value, numbers.Real)
+    if ok:
+        above = value >= low if low_inclusive else value > low
+        ok = math.isfinite(value) and above
+    if not ok:
+        bound = f">= {low}" if low_inclusive else f"> {low}"
+        raise ValueError(
+            f"`{name}` must be a finite float {bound}. "
+            f"Received: {name}={value!r}"
+        )
+    return float(value)
+
+
+def check_seed(seed):
+    """`seed` as a Python int, or None."""
+    if seed is None:
+        return None
+    if _is_bool(seed) or not isinstance(seed, numbers.Integral):
+        raise ValueError(
+            f"`seed` must be an int or None. Received: seed={seed!r}"
+        )
+    return int(seed)

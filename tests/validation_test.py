@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 import keras_attnvariants as kav
+from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
+from keras_attnvariants.validation import check_seed
 
 
 def test_check_int_accepts_numpy_ints_and_returns_python_ints():
@@ -30,3 +32,31 @@ def test_layer_configs_hold_python_ints():
     ]
     for layer in layers:
         json.dumps(layer.get_config())
+
+
+def test_check_int_upper_bound_is_inclusive():
+    assert check_int("view", 1, low=0, high=1) == 1
+    with pytest.raises(ValueError, match=r"`view` must be an int in \[0, 1\]"):
+        check_int("view", 2, low=0, high=1)
+
+
+def test_check_float_accepts_numpy_scalars_and_returns_python_floats():
+    value = check_float("rate", np.float32(0.5))
+    assert value == 0.5 and type(value) is float
+    assert check_float("weight", 0, low_inclusive=True) == 0.0
+
+
+@pytest.mark.parametrize(
+    "value", [0.0, -1.0, float("inf"), float("nan"), True, np.bool_(1), "1"]
+)
+def test_check_float_rejects(value):
+    with pytest.raises(ValueError, match=r"`rate` must be a finite float > 0"):
+        check_float("rate", value)
+
+
+def test_check_seed():
+    assert check_seed(None) is None
+    assert type(check_seed(np.int64(3))) is int
+    for bad in (1.0, True, "0"):
+        with pytest.raises(ValueError, match="`seed` must be an int or None"):
+            check_seed(bad)

@@ -11,6 +11,8 @@ import numpy as np
 from keras import ops
 from scipy import stats
 
+from keras_attnvariants.evaluation import key_attention_totals
+
 
 def attention_importance(attentions, mask=None, query_mask=None):
     """`(B, S)` attention received by each token, summed over everything.
@@ -34,24 +36,19 @@ def attention_importance(attentions, mask=None, query_mask=None):
                 "Each of `attentions` must be (B, N, T, S) or (B, T, S). "
                 f"Received: shape={z.shape}"
             )
-        for name, m, axis in (
-            ("mask", mask, -1),
-            ("query_mask", query_mask, -2),
-        ):
-            if m is not None and np.shape(m) != (z.shape[0], z.shape[axis]):
-                raise ValueError(
-                    f"`{name}` must be ({z.shape[0]}, {z.shape[axis]}) "
-                    f"booleans for attentions of shape {z.shape}. "
-                    f"Received: {name}.shape={np.shape(m)}"
-                )
-        if query_mask is not None:
-            rows = np.asarray(query_mask, bool)[:, :, None]  # (B, T, 1)
-            z = np.where(rows[:, None] if z.ndim == 4 else rows, z, 0.0)
-        axes = tuple(range(1, z.ndim - 1))
-        total = total + z.sum(axis=axes)
+        if mask is not None and np.shape(mask) != (z.shape[0], z.shape[-1]):
+            raise ValueError(
+                f"`mask` must be ({z.shape[0]}, {z.shape[-1]}) booleans for "
+                f"attentions of shape {z.shape}. "
+                f"Received: mask.shape={np.shape(mask)}"
+            )
+        if z.ndim == 3:
+            z = z[:, None]  # one head
+        # (B, N, S) totals over the valid queries, summed over heads.
+        total = total + key_attention_totals(z, query_mask=query_mask).sum(1)
     if mask is not None:
         total = np.where(np.asarray(mask, bool), total, 0.0)
-    return total.astype("float32")
+    return np.asarray(total, "float32")
 
 
 def gradient_importance(predict, embeddings):

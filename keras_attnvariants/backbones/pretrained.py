@@ -66,12 +66,7 @@ def first_layers(backbone, num_layers):
     Returns:
         The truncated backbone.
     """
-    num_layers = check_int("num_layers", num_layers)
-    if num_layers > backbone.num_layers:
-        raise ValueError(
-            "`num_layers` must be an int in [1, backbone.num_layers="
-            f"{backbone.num_layers}]. Received: num_layers={num_layers}"
-        )
+    num_layers = check_int("num_layers", num_layers, high=backbone.num_layers)
     config = backbone.get_config()
     config["num_layers"] = num_layers
     truncated = type(backbone).from_config(config)

@@ -1,7 +1,6 @@
 """`TemperatureSchedule`: anneals every `GumbelDiscreteAttention`."""
 
 import math
-import numbers
 
 import keras
 
@@ -9,6 +8,7 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (
     GumbelDiscreteAttention,
 )
 from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
+from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
 
 # Layers with a Gumbel temperature variable and `set_temperature`.
@@ -16,18 +16,6 @@ GUMBEL_LAYERS = (GumbelDiscreteAttention, TwoStreamBlock)
 
 SCHEDULES = ("constant", "linear", "exponential")
 UNITS = ("epoch", "batch")
-
-
-def _positive(name, value):
-    # Python and NumPy scalars, as `check_temperature` accepts them.
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(
-            f"`{name}` must be a finite float > 0. Received: {name}={value!r}"
-        )
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(
-            f"`{name}` must be a finite float > 0. Received: {name}={value}"
-        )
 
 
 def gumbel_layers(model):
@@ -125,12 +113,12 @@ class TemperatureSchedule(keras.callbacks.Callback):
             ("rate", rate),
             ("floor", floor),
         ):
-            _positive(name, value)
+            check_float(name, value)
         steps = check_int("steps", steps)
         self.schedule = schedule
         self.initial = float(initial)
         self.final = float(final)
-        self.steps = int(steps)
+        self.steps = steps
         self.rate = float(rate)
         self.floor = float(floor)
         self.unit = unit

@@ -1,10 +1,6 @@
 """`GumbelDiscreteAttention`: each query attends to one sampled key."""
 
-import math
-import numbers
-
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
@@ -20,6 +16,8 @@ from keras_attnvariants.ops.gumbel import rows_with_valid_key
 from keras_attnvariants.ops.gumbel import selection_logits
 from keras_attnvariants.ops.gumbel import straight_through
 from keras_attnvariants.ops.normalization import masked_softmax
+from keras_attnvariants.validation import check_float
+from keras_attnvariants.validation import check_seed
 
 INFERENCE_MODES = ("argmax", "sample", "soft")
 
@@ -34,18 +32,7 @@ def check_temperature(temperature):
     Python and NumPy scalars are accepted (`np.float32(0.5)`), booleans and
     infinities are not.
     """
-    if isinstance(temperature, (bool, np.bool_)) or not isinstance(
-        temperature, numbers.Real
-    ):
-        raise ValueError(
-            "`temperature` must be a finite float > 0. "
-            f"Received: temperature={temperature!r}"
-        )
-    if not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(
-            "`temperature` must be a finite float > 0. "
-            f"Received: temperature={temperature}"
-        )
+    check_float("temperature", temperature)
 
 
 def _tracing_for_xla():
@@ -219,14 +206,7 @@ class GumbelDiscreteAttention(VariantAttention):
                 f"`inference_mode` must be one of {INFERENCE_MODES}. "
                 f"Received: inference_mode={inference_mode!r}"
             )
-        if seed is not None and (
-            isinstance(seed, (bool, np.bool_))
-            or not isinstance(seed, numbers.Integral)
-        ):
-            raise ValueError(
-                f"`seed` must be an int or None. Received: seed={seed!r}"
-            )
-        seed = None if seed is None else int(seed)
+        seed = check_seed(seed)
         super().__init__(
             num_heads=num_heads, key_dim=key_dim, seed=seed, **kwargs
         )

@@ -1,7 +1,5 @@
 """`TwoStreamBlock`: one layer of the two-stream transformer."""
 
-import numbers
-
 import keras
 from keras import ops
 
@@ -17,24 +15,12 @@ from keras_attnvariants.ops.gumbel import one_hot_at
 from keras_attnvariants.ops.gumbel import rows_with_valid_key
 from keras_attnvariants.ops.gumbel import selection_logits
 from keras_attnvariants.ops.masking import causal_mask
+from keras_attnvariants.ops.masking import merge_masks
 from keras_attnvariants.ops.normalization import masked_softmax
 from keras_attnvariants.validation import check_int
 
 MODES = ("two_stream", "single_stream")
 MODEL_ATTENTIONS = ("discrete", "soft")
-
-
-def check_view(view, num_views):
-    """`ValueError` unless `view` is an int in `[0, num_views)`."""
-    if (
-        isinstance(view, bool)
-        or not isinstance(view, numbers.Integral)
-        or not 0 <= view < num_views
-    ):
-        raise ValueError(
-            f"`view` must be an int in [0, {num_views}). "
-            f"Received: view={view!r}"
-        )
 
 
 @keras.saving.register_keras_serializable(package="keras_attnvariants")
@@ -295,14 +281,7 @@ class TwoStreamBlock(keras.layers.Layer):
         """`(B, 1, T, T)` booleans or `None`."""
         if padding_mask is None:
             # Keras masks of the streams, e.g. from `Embedding(mask_zero=True)`.
-            for stream_mask in keras.tree.flatten(keras_mask):
-                if stream_mask is not None:
-                    stream_mask = ops.cast(stream_mask, "bool")
-                    padding_mask = (
-                        stream_mask
-                        if padding_mask is None
-                        else ops.logical_and(padding_mask, stream_mask)
-                    )
+            padding_mask = merge_masks(*keras.tree.flatten(keras_mask))
         else:
             padding_mask = ops.cast(padding_mask, "bool")
             shape = tuple(padding_mask.shape)
@@ -365,7 +344,7 @@ class TwoStreamBlock(keras.layers.Layer):
         training=None,
         mask=None,
     ):
-        check_view(view, self.num_controllers)
+        check_int("view", view, low=0, high=self.num_controllers - 1)
         self._check_input_shape(
             keras.tree.map_structure(lambda x: tuple(x.shape), inputs)
         )

@@ -1,19 +1,17 @@
 """`TwoStreamEncoder`: a stack of `TwoStreamBlock`s with embeddings."""
 
-import math
-import numbers
-
 import keras
 from keras import ops
 
 from keras_attnvariants.layers.two_stream_block import MODEL_ATTENTIONS
 from keras_attnvariants.layers.two_stream_block import MODES
 from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
-from keras_attnvariants.layers.two_stream_block import check_view
 from keras_attnvariants.ops.receptive_field import receptive_field_mean_size
 from keras_attnvariants.ops.receptive_field import receptive_field_union_size
 from keras_attnvariants.ops.receptive_field import receptive_fields
+from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
+from keras_attnvariants.validation import check_seed
 
 REDUCTIONS = ("mean", "union")
 
@@ -98,12 +96,7 @@ class TwoStreamEncoder(keras.layers.Layer):
         num_heads = check_int("num_heads", num_heads)
         d_ff = check_int("d_ff", d_ff)
         num_views = check_int("num_views", num_views)
-        if seed is not None and (
-            isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
-        ):
-            raise ValueError(
-                f"`seed` must be an int or None. Received: seed={seed!r}"
-            )
+        seed = check_seed(seed)
         if mode not in MODES:
             raise ValueError(
                 f"`mode` must be one of {MODES}. Received: mode={mode!r}"
@@ -124,16 +117,11 @@ class TwoStreamEncoder(keras.layers.Layer):
                 "Received: receptive_field_reduction="
                 f"{receptive_field_reduction!r}"
             )
-        if (
-            isinstance(receptive_field_coefficient, bool)
-            or not isinstance(receptive_field_coefficient, numbers.Real)
-            or not 0 <= receptive_field_coefficient < math.inf
-        ):
-            raise ValueError(
-                "`receptive_field_coefficient` must be a finite float >= 0. "
-                "Received: receptive_field_coefficient="
-                f"{receptive_field_coefficient!r}"
-            )
+        receptive_field_coefficient = check_float(
+            "receptive_field_coefficient",
+            receptive_field_coefficient,
+            low_inclusive=True,
+        )
         self.vocab_size = vocab_size
         self.max_length = max_length
         self.num_layers = num_layers
@@ -229,7 +217,7 @@ class TwoStreamEncoder(keras.layers.Layer):
         return_attention=False,
         training=None,
     ):
-        check_view(view, self.num_views)
+        check_int("view", view, low=0, high=self.num_views - 1)
         self._check_shape(tuple(token_ids.shape))
         padding_mask = ops.not_equal(token_ids, 0)
         h = self._embed(token_ids, self.model_embeddings)

@@ -11,6 +11,7 @@ from keras_attnvariants.ops.transport import gaussian_mmd
 from keras_attnvariants.ops.transport import sinkhorn_cost
 from keras_attnvariants.ops.transport import squared_euclidean_cost
 from keras_attnvariants.ops.transport import uniform_marginal
+from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
 
 METHODS = ("gan", "ot", "ct", "mmd")
@@ -23,17 +24,6 @@ MATCH_OVER = ("tokens", "heads")
 def _same(a, b):
     """Two static sizes agree (an unknown size agrees with anything)."""
     return a is None or b is None or a == b
-
-
-def _check_float(name, value, low, low_inclusive):
-    ok = not isinstance(value, bool) and isinstance(value, (int, float))
-    if ok:
-        ok = value >= low if low_inclusive else value > low
-    if not ok:
-        bound = f">= {low}" if low_inclusive else f"> {low}"
-        raise ValueError(
-            f"`{name}` must be a float {bound}. Received: {name}={value!r}"
-        )
 
 
 def kq_projections(mha, query, key=None):
@@ -247,23 +237,16 @@ class KQAlignment(AttentionLoss):
                 f"`method` must be one of {METHODS}. "
                 f"Received: method={method!r}"
             )
-        _check_float("weight", weight, 0.0, True)
-        if hidden_dim is not None and (
-            isinstance(hidden_dim, bool)
-            or not isinstance(hidden_dim, int)
-            or hidden_dim < 1
-        ):
-            raise ValueError(
-                "`hidden_dim` must be None or an int >= 1. "
-                f"Received: hidden_dim={hidden_dim!r}"
-            )
-        _check_float("epsilon", epsilon, 0.0, False)
+        weight = check_float("weight", weight, 0.0, True)
+        if hidden_dim is not None:
+            hidden_dim = check_int("hidden_dim", hidden_dim)
+        epsilon = check_float("epsilon", epsilon)
         iterations = check_int("iterations", iterations)
-        _check_float("bandwidth", bandwidth, 0.0, False)
-        _check_float("rho", rho, 0.0, True)
+        bandwidth = check_float("bandwidth", bandwidth)
+        rho = check_float("rho", rho, 0.0, True)
         if rho > 1.0:
             raise ValueError(f"`rho` must be in [0, 1]. Received: rho={rho}")
-        _check_float("reversal_beta", reversal_beta, 0.0, False)
+        reversal_beta = check_float("reversal_beta", reversal_beta)
         if match_over not in MATCH_OVER:
             raise ValueError(
                 f"`match_over` must be one of {MATCH_OVER}. "
