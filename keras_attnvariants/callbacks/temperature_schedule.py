@@ -15,6 +15,9 @@ from keras_attnvariants.validation import check_int
 GUMBEL_LAYERS = (GumbelDiscreteAttention, TwoStreamBlock)
 
 SCHEDULES = ("constant", "linear", "exponential")
+# Natural log of the largest float32: the exponential schedule is computed
+# in log space and capped here, so heating (rate > 1) never overflows.
+LOG_FLOAT32_MAX = math.log(3.4028234663852886e38)
 UNITS = ("epoch", "batch")
 
 
@@ -57,9 +60,15 @@ class TemperatureSchedule(keras.callbacks.Callback):
     - `"linear"`: `initial + (final - initial) * min(t / steps, 1)`;
     - `"exponential"`: `initial * rate ** t`;
 
-    then clipped from below at `floor`. The temperature is a non-trainable
+    then clipped to `[floor, ceiling]`. The temperature is a non-trainable
     variable of each layer, so the change takes effect inside a compiled
     `fit` without retracing.
+
+    With `unit="batch"` the count runs on over epochs and `fit` calls of
+    the same callback. A new callback given to `fit(initial_epoch=k)`
+    (resuming a run) starts at batch `k * steps_per_epoch` when Keras
+    knows the number of steps per epoch, as `unit="epoch"` starts at
+    epoch `k`.
 
     Args:
         schedule: one of `"constant"`, `"linear"`, `"exponential"`.
@@ -72,6 +81,9 @@ class TemperatureSchedule(keras.callbacks.Callback):
         rate: finite float > 0. Factor per step of `"exponential"` (below
             1 cools, above 1 heats). Defaults to `0.9`.
         floor: finite float > 0. Lower bound. Defaults to `0.1`.
+        ceiling: finite float >= `floor`, or `None`. Upper bound, e.g. for
+            a heating schedule. `None`: no bound (the exponential schedule
+            still stops at the largest float32). Defaults to `None`.
         unit: `"epoch"` or `"batch"` (every batch counts, also with
             `steps_per_execution > 1`, where the temperature changes once
             per execution). Defaults to `"epoch"`.
@@ -96,8 +108,14 @@ class TemperatureSchedule(keras.callbacks.Callback):
         rate=0.9,
         floor=0.1,
         unit="epoch",
+        ceiling=None,
     ):
         super().__init__()
+        # Only `on_train_batch_end` runs asynchronously, and it only counts
+        # batches: Keras may keep dispatching training steps meanwhile (the
+        # JAX backend does, unless a callback overrides the hook without
+        # this flag).
+        self.async_safe = True
         if schedule not in SCHEDULES:
             raise ValueError(
                 f"`schedule` must be one of {SCHEDULES}. "
@@ -115,6 +133,13 @@ class TemperatureSchedule(keras.callbacks.Callback):
         ):
             check_float(name, value)
         steps = check_int("steps", steps)
+        if ceiling is not None:
+            ceiling = check_float("ceiling", ceiling)
+            if ceiling < floor:
+                raise ValueError(
+                    "`ceiling` must be >= `floor` or None. "
+                    f"Received: ceiling={ceiling!r} with floor={floor!r}"
+                )
         self.schedule = schedule
         self.initial = float(initial)
         self.final = float(final)
@@ -122,6 +147,7 @@ class TemperatureSchedule(keras.callbacks.Callback):
         self.rate = float(rate)
         self.floor = float(floor)
         self.unit = unit
+        self.ceiling = ceiling
         self.history = []
         # Batches run so far, over epochs and `fit` calls.
         self._batches_done = 0
@@ -135,8 +161,12 @@ class TemperatureSchedule(keras.callbacks.Callback):
             fraction = min(step / self.steps, 1.0)
             value = self.initial + (self.final - self.initial) * fraction
         else:
-            value = self.initial * math.pow(self.rate, step)
-        return max(value, self.floor)
+            log_value = math.log(self.initial) + step * math.log(self.rate)
+            value = math.exp(min(log_value, LOG_FLOAT32_MAX))
+        value = max(value, self.floor)
+        if self.ceiling is not None:
+            value = min(value, self.ceiling)
+        return value
 
     def _apply(self, step):
         value = self.value(step)
@@ -153,7 +183,11 @@ class TemperatureSchedule(keras.callbacks.Callback):
             )
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = self._batches_done
+        # Batches before this epoch: those this callback counted, or, for a
+        # new callback resuming at `initial_epoch`, the epochs skipped.
+        steps_per_epoch = (self.params or {}).get("steps")
+        skipped = epoch * steps_per_epoch if steps_per_epoch else 0
+        self._epoch_start = max(self._batches_done, skipped)
         if self.unit == "epoch":
             self._apply(epoch)
 
@@ -165,7 +199,12 @@ class TemperatureSchedule(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         # `batch`: index in the epoch of the last batch this execution ran.
-        self._batches_done = self._epoch_start + batch + 1
+        # Keras may run this hook on a worker thread (`async_safe`); `max`
+        # keeps the count right whatever order the calls finish in, and
+        # `on_epoch_end` waits for them all before the next epoch begins.
+        self._batches_done = max(
+            self._batches_done, self._epoch_start + batch + 1
+        )
 
     def get_config(self):
         return {
@@ -176,6 +215,7 @@ class TemperatureSchedule(keras.callbacks.Callback):
             "rate": self.rate,
             "floor": self.floor,
             "unit": self.unit,
+            "ceiling": self.ceiling,
         }
 
     @classmethod

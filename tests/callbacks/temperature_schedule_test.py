@@ -78,6 +78,10 @@ class TemperatureScheduleTest(TestCase):
         with self.assertRaisesRegex(ValueError, "unit"):
             TemperatureSchedule(unit="step")
 
+    @pytest.mark.skipif(
+        keras.backend.backend() == "torch",
+        reason="the torch trainer has steps_per_execution=1 only",
+    )
     def test_batch_unit_counts_batches_with_steps_per_execution(self):
         # One `train_batch_begin` per execution of 2 batches: the schedule
         # must still advance by 2 (steps 0, 2, 4, 6 of 8 batches).
@@ -120,3 +124,58 @@ class TemperatureScheduleTest(TestCase):
                 TemperatureSchedule(**{name: float("inf")})
         with pytest.raises(ValueError, match="steps"):
             TemperatureSchedule(steps=2.0)
+
+    def test_heating_schedule_stays_finite_and_respects_ceiling(self):
+        # `math.pow(1.5, 2000)` raised OverflowError mid-training.
+        heat = TemperatureSchedule("exponential", initial=1.0, rate=1.5)
+        self.assertTrue(np.isfinite(np.float32(heat.value(2000))))
+        self.assertAllClose(heat.value(3), 3.375)
+        capped = TemperatureSchedule(
+            "exponential", initial=1.0, rate=1.5, ceiling=2.0
+        )
+        self.assertEqual(
+            [capped.value(t) for t in (0, 1, 2, 50)], [1.0, 1.5, 2.0, 2.0]
+        )
+        linear = TemperatureSchedule(
+            "linear", initial=0.5, final=4.0, steps=2, ceiling=3.0
+        )
+        self.assertEqual(linear.value(2), 3.0)
+        self.assertEqual(capped.get_config()["ceiling"], 2.0)
+        with self.assertRaisesRegex(ValueError, "ceiling=0.05"):
+            TemperatureSchedule(floor=0.1, ceiling=0.05)
+        with self.assertRaisesRegex(ValueError, "ceiling=inf"):
+            TemperatureSchedule(ceiling=float("inf"))
+
+    def test_new_callback_resumes_batch_count_at_initial_epoch(self):
+        # A fresh callback at `fit(initial_epoch=1)` restarted at batch 0.
+        x = np.random.default_rng(0).normal(size=(2, 4, 3)).astype("float32")
+        kwargs = dict(initial=1.0, rate=0.5, floor=0.01, unit="batch")
+        model = small_model()
+        first = TemperatureSchedule("exponential", **kwargs)
+        model.fit(x, x, batch_size=1, epochs=1, verbose=0, callbacks=[first])
+        resumed = TemperatureSchedule("exponential", **kwargs)
+        model.fit(
+            x,
+            x,
+            batch_size=1,
+            epochs=2,
+            initial_epoch=1,
+            verbose=0,
+            callbacks=[resumed],
+        )
+        self.assertAllClose(
+            first.history + resumed.history, [1.0, 0.5, 0.25, 0.125]
+        )
+        # The same callback given to a second `fit` carries on counting.
+        model.fit(x, x, batch_size=1, epochs=1, verbose=0, callbacks=[first])
+        self.assertAllClose(first.history[2:], [0.25, 0.125])
+
+    def test_leaves_jax_async_callback_dispatch_on(self):
+        # Overriding `on_train_batch_end` without `async_safe` turned off
+        # Keras's asynchronous dispatch of training steps (JAX, torch).
+        model = small_model()
+        without = keras.callbacks.CallbackList([], model=model)
+        with_schedule = keras.callbacks.CallbackList(
+            [TemperatureSchedule()], model=model
+        )
+        self.assertEqual(with_schedule._async_train, without._async_train)
