@@ -50,8 +50,9 @@ def pick_strategy(tpu=None, cpu_replicas=None):
     Args:
         tpu: optional TPU name or address for `TPUClusterResolver`
             (`None` tries the local / environment-configured TPU and falls
-            back to the devices below when there is none; a named TPU that
-            cannot be initialized raises `ValueError`).
+            back to the devices below when there is none). A TPU that is
+            named but not found, or found but not initialized, raises
+            `ValueError`.
         cpu_replicas: optional int. Without accelerators, use a
             `MirroredStrategy` over this many logical CPU devices (they must
             have been created with `split_cpu`), an int >= 1; `None` means
@@ -65,16 +66,27 @@ def pick_strategy(tpu=None, cpu_replicas=None):
         cpu_replicas = check_int("cpu_replicas", cpu_replicas)
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        return tf.distribute.TPUStrategy(resolver)
     except (ValueError, RuntimeError, tf.errors.NotFoundError) as error:
         if tpu is not None:
             # Asked for by name: training on the CPU instead would hide it.
             raise ValueError(
-                f"`tpu` names a TPU that could not be initialized: {error}. "
+                f"`tpu` names a TPU that could not be found: {error}. "
                 f"Received: tpu={tpu!r}"
             ) from error
+        resolver = None
+    if resolver is not None:
+        # A TPU was found (named, or configured by the environment): one
+        # that then fails to connect or initialize raises too, instead of
+        # training on the CPU of a half-connected runtime.
+        try:
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+        except (ValueError, RuntimeError, tf.errors.OpError) as error:
+            raise ValueError(
+                f"A TPU was found but could not be initialized: {error}. "
+                f"Received: tpu={tpu!r}"
+            ) from error
+        return tf.distribute.TPUStrategy(resolver)
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
         return tf.distribute.MirroredStrategy([d.name for d in gpus])

@@ -68,6 +68,28 @@ def test_pick_strategy_named_tpu_that_fails_raises():
 
 
 @on_tf
+def test_pick_strategy_found_tpu_that_fails_to_initialize_raises(monkeypatch):
+    import tensorflow as tf
+
+    from keras_attnvariants import distribute
+
+    # tpu=None: a TPU configured by the environment is found, but connecting
+    # fails. This used to fall back to the CPU silently.
+    monkeypatch.setattr(
+        tf.distribute.cluster_resolver,
+        "TPUClusterResolver",
+        lambda tpu=None: object(),
+    )
+
+    def refuse(resolver):
+        raise RuntimeError("TPU system initialization failed")
+
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", refuse)
+    with pytest.raises(ValueError, match="found but could not be init"):
+        distribute.pick_strategy()
+
+
+@on_tf
 @pytest.mark.parametrize("value", [-1, 0, 1.5, True, "2"])
 def test_pick_strategy_rejects_bad_cpu_replicas(value):
     from keras_attnvariants import distribute
