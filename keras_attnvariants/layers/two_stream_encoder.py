@@ -47,6 +47,11 @@ class TwoStreamEncoder(keras.layers.Layer):
         receptive_field_coefficient: float >= 0. Defaults to `0.0`.
         receptive_field_reduction: `"mean"` or `"union"`. Defaults to
             `"mean"`.
+        mask_zero: bool. Give the model stream the Keras mask
+            `token_ids != 0`, as `keras.layers.Embedding(mask_zero=True)`
+            does, so mask-aware layers after the encoder (pooling,
+            recurrent layers, losses) skip the padding. The encoder itself
+            always treats id 0 as padding. Defaults to `False`.
         **kwargs: `keras.layers.Layer` arguments.
 
     Call arguments:
@@ -86,6 +91,7 @@ class TwoStreamEncoder(keras.layers.Layer):
         receptive_field_reduction="mean",
         seed=None,
         model_attention="discrete",
+        mask_zero=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -137,6 +143,7 @@ class TwoStreamEncoder(keras.layers.Layer):
         self.receptive_field_reduction = receptive_field_reduction
         self.seed = seed
         self.model_attention = model_attention
+        self.mask_zero = bool(mask_zero)
         policy = self.dtype_policy
 
         def embeddings(prefix):
@@ -252,6 +259,12 @@ class TwoStreamEncoder(keras.layers.Layer):
             return h, attentions
         return h
 
+    def compute_mask(self, token_ids, previous_mask=None):
+        # The model stream's Keras mask (the attention list has none).
+        if not self.mask_zero:
+            return None
+        return ops.not_equal(token_ids, 0)
+
     def compute_output_spec(self, token_ids, return_attention=False, **kwargs):
         batch, length = token_ids.shape
         h = keras.KerasTensor((batch, length, self.d_model), self.compute_dtype)
@@ -286,6 +299,7 @@ class TwoStreamEncoder(keras.layers.Layer):
                 "receptive_field_reduction": self.receptive_field_reduction,
                 "seed": self.seed,
                 "model_attention": self.model_attention,
+                "mask_zero": self.mask_zero,
             }
         )
         return config

@@ -137,3 +137,36 @@ class TwoStreamEncoderTest(TestCase):
         for bad in (0.5, True, 1):
             with self.assertRaisesRegex(ValueError, "`view` must be an int"):
                 encoder(np.ones((1, 4), "int32"), view=bad)
+
+    def test_mask_zero_lets_pooling_skip_padding(self):
+        # Without a Keras mask, pooling after the encoder averaged padded
+        # positions in, so the pooled output depended on the padding.
+        def pooled(mask_zero, length):
+            keras.utils.set_random_seed(0)
+            encoder = TwoStreamEncoder(
+                10,
+                8,
+                2,
+                d_model=8,
+                num_heads=2,
+                d_ff=16,
+                seed=0,
+                mask_zero=mask_zero,
+            )
+            tokens = keras.Input((length,), dtype="int32")
+            h, attentions = encoder(tokens, return_attention=True)
+            pooled = keras.layers.GlobalAveragePooling1D()(h)
+            model = keras.Model(tokens, [pooled, *attentions])
+            ids = np.zeros((1, length), "int32")
+            ids[0, :3] = [3, 4, 5]
+            return model, model.predict(ids, verbose=0)[0]
+
+        model, short = pooled(True, 4)
+        _, long = pooled(True, 8)
+        self.assertAllClose(short, long, atol=1e-5)
+        _, unmasked_short = pooled(False, 4)
+        _, unmasked_long = pooled(False, 8)
+        self.assertNotAllClose(unmasked_short, unmasked_long)
+        self.assertTrue(model.layers[1].get_config()["mask_zero"])
+        restored = TwoStreamEncoder.from_config(model.layers[1].get_config())
+        self.assertTrue(restored.mask_zero)
