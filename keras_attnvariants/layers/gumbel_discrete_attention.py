@@ -84,6 +84,20 @@ def distributed_uniform(shape, seed_generator):
     )
 
 
+def noise_seed(seed):
+    """The Gumbel noise generator's seed for the layer's `seed`.
+
+    MHA seeds its dropout with `seed` itself. A generator with the same
+    seed draws the same uniforms, so dropout removed exactly the keys with
+    the lowest (TensorFlow) or highest (JAX, PyTorch) Gumbel noise. The
+    noise gets a seed mixed from `seed` (a Weyl-sequence multiply) instead;
+    `None` stays `None` (a random seed).
+    """
+    if seed is None:
+        return None
+    return (seed * 0x9E3779B1 + 0x632BE5AB) % (2**31 - 1)
+
+
 def training_noise(scores, temperature, seed_generator):
     """Gumbel noise shaped like `scores` and the floored temperature."""
     noise = gumbel_from_uniform(
@@ -155,8 +169,9 @@ class GumbelDiscreteAttention(VariantAttention):
             the relaxed sample's gradient. Defaults to `False`.
         inference_mode: one of `"argmax"`, `"sample"`, `"soft"`. Defaults
             to `"argmax"`.
-        seed: int or `None`. Seeds the Gumbel noise (and MHA's dropout).
-            Defaults to `None`.
+        seed: int or `None`. Seeds the Gumbel noise (through
+            `noise_seed`, so that it is independent of MHA's dropout, which
+            this seed also seeds). Defaults to `None`.
         attention_losses, self_attention_padding, attention_path: as in
             `VariantAttention` (`attention_path` is ignored: the weights
             are always sampled explicitly).
@@ -214,7 +229,7 @@ class GumbelDiscreteAttention(VariantAttention):
         self.inference_mode = inference_mode
         self.initial_temperature = float(temperature)
         self.seed_generator = keras.random.SeedGenerator(
-            seed, name="gumbel_seed_generator"
+            noise_seed(seed), name="gumbel_seed_generator"
         )
 
     def build(self, query_shape, value_shape, key_shape=None):

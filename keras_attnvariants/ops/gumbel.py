@@ -13,10 +13,13 @@ with `U ~ Uniform(0, 1)`. Like the thesis code, both logs are clamped with
 `1e-20` so `U = 0` and `U = 1` stay finite.
 """
 
+import numbers
+
 import keras
 from keras import ops
 
 from keras_attnvariants.ops.masking import MASK_FILL
+from keras_attnvariants.validation import check_float
 
 FLOAT32_MIN = -3.4028234663852886e38
 # Clamp inside both logs of the Gumbel transform (thesis code).
@@ -24,14 +27,11 @@ GUMBEL_EPS = 1e-20
 
 
 def _check_temperature(temperature):
-    if isinstance(temperature, (int, float)) and not isinstance(
-        temperature, bool
-    ):
-        if not temperature > 0:
-            raise ValueError(
-                "`temperature` must be a float > 0. "
-                f"Received: temperature={temperature}"
-            )
+    """`ValueError` for a Python or NumPy number that is not a finite float
+    > 0 (`np.float32(0)` gave NaN weights, a negative one inverted the
+    sample); tensors pass unchecked."""
+    if isinstance(temperature, numbers.Real):
+        check_float("temperature", temperature)
 
 
 def gumbel_from_uniform(uniform):

@@ -172,6 +172,12 @@ class GumbelOpsTest(TestCase):
 
     def test_invalid_temperature_raises(self):
         scores, mask = inputs()
-        for bad in (0.0, -2.0):
+        # NumPy scalars too: np.float32(0) gave NaN weights and a negative
+        # one a sample of the inverted distribution.
+        for bad in (0.0, -2.0, np.float32(0.0), np.float32(-1.0), True):
             with self.assertRaisesRegex(ValueError, "temperature"):
                 gumbel.relaxed_sample(scores, 0.0, bad, mask)
+        # Scalars that are not Python numbers still work.
+        got = gumbel.relaxed_sample(scores, 0.0, np.float32(2.0), mask)
+        want = np_relaxed(scores, 0.0, 2.0, mask)
+        self.assertAllClose(got, want, atol=1e-6)
