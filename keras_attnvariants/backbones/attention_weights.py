@@ -31,6 +31,10 @@ def attention_weights(backbone, inputs, training=False):
         keys (zero for DNAS / HNAS, which mask padded queries); leave them
         out with the `padding_mask` when aggregating.
 
+    Raises:
+        ValueError: if `backbone` holds no such block, or a block that
+            keeps its self-attention elsewhere (Moonshine's).
+
     Example:
 
     >>> weights = attention_weights(backbone, inputs)  # doctest: +SKIP

@@ -64,10 +64,36 @@ def transformer_blocks(backbone):
 
 
 def self_attention_layers(backbone):
-    """The distinct self-attention layers of `backbone`'s blocks, in order."""
-    return [
-        block._self_attention_layer for block in transformer_blocks(backbone)
-    ]
+    """The distinct self-attention layers of `backbone`'s blocks, in order.
+
+    Raises `ValueError` if `backbone` holds no keras-hub transformer block,
+    or a block that keeps its self-attention elsewhere (Moonshine's).
+    """
+    layers = []
+    for block in _checked_blocks(backbone):
+        layer = getattr(block, "_self_attention_layer", None)
+        if not isinstance(layer, keras.layers.MultiHeadAttention):
+            raise ValueError(_unsupported_block_message(backbone, block))
+        layers.append(layer)
+    return layers
+
+
+def _unsupported_block_message(backbone, block):
+    layer = getattr(block, "_self_attention_layer", None)
+    what = (
+        "keeps no `_self_attention_layer`"
+        if layer is None
+        else f"has a {type(layer).__name__} self-attention"
+    )
+    return (
+        f"`backbone` holds a {type(block).__name__} block ({block.name}) that "
+        f"{what}. Only blocks whose self-attention is keras-hub's standard "
+        "`keras.layers.MultiHeadAttention` or "
+        "`keras_hub.layers.CachedMultiHeadAttention` are supported: a "
+        "model-specific attention (Whisper's key projection without bias, "
+        "Moonshine's rotary attention) would be lost. Received: backbone of "
+        f"class {type(backbone).__name__}"
+    )
 
 
 def _check_attention_class(attention_class):
@@ -145,6 +171,7 @@ def _check_decoder_class(attention_class):
     if own_call not in (
         keras.layers.MultiHeadAttention.call,
         VariantAttention.call,
+        import_keras_hub().layers.CachedMultiHeadAttention.call,
     ):
         raise ValueError(
             "In a decoder, the self-attention is called through keras-hub's "
@@ -193,6 +220,10 @@ def _replace_self_attention(block, attention_class, attention_kwargs):
             value_shape=(None, None, value_dim),
             key_shape=(None, None, key_dim),
         )
+    # Frozen like `old`: set after `build`, since `trainable=False` in the
+    # constructor freezes neither the variables nor the sublayers `build`
+    # creates (and TensorFlow skips assigning a flag its current value).
+    new.trainable = attention_kwargs.get("trainable", old.trainable)
     # Untrack the old layer so its variables leave the block.
     block._tracker.unlock()
     block._tracker.untrack(old)
@@ -210,7 +241,16 @@ def convert_in_place(backbone, attention_class, attention_kwargs):
         attention_kwargs: dict of constructor arguments.
     """
     _check_attention_class(attention_class)
-    for block in _checked_blocks(backbone):
+    keras_hub = import_keras_hub()
+    stock = (
+        keras.layers.MultiHeadAttention,
+        keras_hub.layers.CachedMultiHeadAttention,
+    )
+    blocks = _checked_blocks(backbone)
+    for block in blocks:
+        if type(getattr(block, "_self_attention_layer", None)) not in stock:
+            raise ValueError(_unsupported_block_message(backbone, block))
+    for block in blocks:
         _replace_self_attention(block, attention_class, attention_kwargs)
 
 
@@ -245,9 +285,10 @@ class ConvertedBackbone:
     `converted_class(type(original))`, a subclass of both this mixin and the
     original keras-hub backbone class. The mixin:
 
-    - takes one extra constructor argument, `attention_config`, and converts
-      the freshly built backbone in `__init__` (so `from_config` and `.keras`
-      reloads rebuild the variant);
+    - takes one extra constructor argument, `attention_config` (the
+      attention class, or its serialized reference, and its kwargs), and
+      converts the freshly built backbone in `__init__` (so `from_config`
+      and `.keras` reloads rebuild the variant);
     - opens a `token_ids_scope` around the forward pass with the
       `"token_ids"` input, so attached attention losses that need token ids
       (attention guidance `[Delim]`, `[Period]`) receive them.
@@ -255,14 +296,16 @@ class ConvertedBackbone:
 
     def __init__(self, *args, attention_config, **kwargs):
         super().__init__(*args, **kwargs)
-        attention_class = _resolve_class(attention_config["attention_class"])
+        attention_class = attention_config["attention_class"]
+        if not isinstance(attention_class, type):
+            attention_class = _resolve_class(attention_class)
         attention_kwargs = {
             key: _live(value)
             for key, value in attention_config["attention_kwargs"].items()
         }
         convert_in_place(self, attention_class, attention_kwargs)
         self._attention_config = {
-            "attention_class": attention_config["attention_class"],
+            "attention_class": _class_reference(attention_class),
             "attention_kwargs": {
                 key: keras.saving.serialize_keras_object(value)
                 for key, value in attention_kwargs.items()
@@ -401,6 +444,20 @@ def copy_weights_by_path(source, target):
         variable.assign(value)
 
 
+def copy_trainable_by_path(source, target):
+    """Gives each layer of `target` the `trainable` flag of the `source`
+    layer of the same path (parents first, so a frozen parent's unfrozen
+    sublayer stays unfrozen, as in `source`)."""
+    flags = {
+        layer.path: layer.trainable
+        for layer in source._flatten_layers(include_self=False)
+        if layer.path is not None
+    }
+    for layer in target._flatten_layers(include_self=False):
+        if layer.path in flags:
+            layer.trainable = flags[layer.path]
+
+
 def convert_backbone(
     backbone, attention_class, attention_losses=None, **attention_kwargs
 ):
@@ -413,20 +470,26 @@ def convert_backbone(
     `attention_class` built with the original layer's
     `keras.layers.MultiHeadAttention` arguments updated by
     `attention_kwargs`, and every weight of `backbone` is copied over by
-    variable path; no variable is duplicated and weight sharing (ALBERT's
-    layer groups) is kept. In encoders, this package's variants get
-    `self_attention_padding=True`: keras-hub masks only padded keys, and
-    DNAS / HNAS must also keep padded queries out of their normalization
-    over queries. Decoders (GPT-2) accept causal attention classes only.
+    variable path, as is every layer's `trainable` flag (a converted layer
+    is frozen like the one it replaces); no variable is duplicated and
+    weight sharing (ALBERT's layer groups) is kept. In encoders, this
+    package's variants get `self_attention_padding=True`: keras-hub masks
+    only padded keys, and DNAS / HNAS must also keep padded queries out of
+    their normalization over queries. Decoders (GPT-2) accept causal
+    attention classes only.
 
     The result survives `.keras` save / load (after
-    `import keras_attnvariants.backbones`) and `export()`.
+    `import keras_attnvariants.backbones`) and `export()`, not keras-hub's
+    `save_to_preset` / `from_preset`: keras-hub finds a preset's class by
+    its registered name, which all converted classes share.
 
     Args:
         backbone: a keras-hub backbone built from `TransformerEncoder` or
             `TransformerDecoder` blocks: `BertBackbone`, `RobertaBackbone`,
             `AlbertBackbone`, `DistilBertBackbone`, `ElectraBackbone`,
-            `GPT2Backbone`, ... (pretrained or not).
+            `GPT2Backbone`, ... (pretrained or not). Blocks with a
+            model-specific self-attention (Whisper, Moonshine) raise
+            `ValueError`.
         attention_class: a subclass of `keras.layers.MultiHeadAttention`:
             any attention of this package or your own (register it with
             `keras.saving.register_keras_serializable` to reload `.keras`
@@ -455,7 +518,14 @@ def convert_backbone(
     >>> len(hnas.weights) - len(backbone.weights)  # one u per layer
     2
     """
-    import_keras_hub()
+    keras_hub = import_keras_hub()
+    if not isinstance(backbone, keras_hub.models.Backbone):
+        raise ValueError(
+            "`backbone` must be a `keras_hub.models.Backbone` (for a task "
+            "model, convert `task.backbone`; for a preset, load it with "
+            "`from_preset` first). Received: "
+            f"backbone={backbone!r}"
+        )
     _check_attention_class(attention_class)
     _checked_blocks(backbone)
     if attention_losses:
@@ -472,11 +542,13 @@ def convert_backbone(
     config.pop("attention_config", None)
     config.pop("base_class", None)
     config["attention_config"] = {
-        "attention_class": _class_reference(attention_class),
-        # Live objects: the attached loss terms are the caller's instances.
+        # Live objects: only a reload needs to find the class by name, and
+        # the attached loss terms are the caller's instances.
+        "attention_class": attention_class,
         "attention_kwargs": attention_kwargs,
     }
     converted = converted_class(base)
     result = base.from_config.__func__(converted, config)
     copy_weights_by_path(backbone, result)
+    copy_trainable_by_path(backbone, result)
     return result

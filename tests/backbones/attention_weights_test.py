@@ -155,6 +155,17 @@ class AttentionWeightsTest(TestCase):
         self.assertAllClose(weights[:, :, upper], 0.0)
         self.assertAllClose(weights[1, :, :, 3:], 0.0)  # padded keys
 
+    def test_backbone_without_blocks_raises(self):
+        # DeBERTa-v3 has its own encoder blocks: an empty list before.
+        token_ids = keras.Input(shape=(4,), dtype="int32", name="token_ids")
+        dense = keras_hub.models.Backbone(
+            inputs=token_ids, outputs=keras.layers.Embedding(50, 2)(token_ids)
+        )
+        with self.assertRaisesRegex(
+            ValueError, "TransformerEncoder.*Received: backbone of class"
+        ):
+            attention_weights(dense, {"token_ids": np.ones((1, 4), "int32")})
+
     def test_first_layers_keeps_the_first_blocks(self):
         data = inputs()
         full = attention_weights(self.bert, data)

@@ -269,6 +269,122 @@ class ConvertBackboneTest(TestCase):
         self.assertEqual(tuple(out.shape), (2, 1, 8))
         self.assertEqual(tuple(new_cache.shape), cache.shape)
 
+    def test_decoder_accepts_keras_hub_cached_attention(self):
+        # The decoders' own class was refused: its `call` is the cached
+        # call path itself, not one that path would skip.
+        original = self.gpt2
+        converted = convert_backbone(
+            original, keras_hub.layers.CachedMultiHeadAttention
+        )
+        layers = self_attention_layers(converted)
+        self.assertTrue(
+            all(
+                type(x) is keras_hub.layers.CachedMultiHeadAttention
+                for x in layers
+            )
+        )
+        data = backbone_inputs(original)
+        self.assertAllClose(
+            sequence_output(converted, data),
+            sequence_output(original, data),
+            atol=0,
+        )
+
+    def test_unregistered_class_from_a_script_converts(self):
+        # Only reloading needs a registered class; a class defined in a
+        # script (`__main__`) or a function was refused at conversion.
+        class LocalAttention(keras.layers.MultiHeadAttention):
+            pass
+
+        original = self.originals["bert"]
+        converted = convert_backbone(original, LocalAttention)
+        layers = self_attention_layers(converted)
+        self.assertTrue(all(type(x) is LocalAttention for x in layers))
+        data = backbone_inputs(original)
+        self.assertAllClose(
+            sequence_output(converted, data),
+            sequence_output(original, data),
+            atol=0,
+        )
+        reference = converted.get_config()["attention_config"]
+        self.assertEqual(
+            reference["attention_class"]["class_name"],
+            LocalAttention.__qualname__,
+        )
+
+    def test_frozen_layers_stay_frozen(self):
+        # A frozen backbone: the converted attention was trainable, so a
+        # task model on top trained it.
+        frozen = ENCODERS["bert"]()
+        frozen.trainable = False
+        converted = convert_backbone(
+            frozen, kav.HybridAttention, hybrid_init=0.0
+        )
+        self.assertFalse(converted.trainable)
+        self.assertEqual([v.path for v in converted.weights if v.trainable], [])
+        # Rebuilt from its config (as in a `.keras` reload), the attention
+        # is frozen like its sibling layers (which keras-hub leaves
+        # trainable under PyTorch, with only the backbone's flag off).
+        reloaded = type(converted).from_config(converted.get_config())
+        for block in reloaded.transformer_layers:
+            sibling = block._feedforward_output_dense.kernel.trainable
+            attention = block._self_attention_layer
+            self.assertEqual(
+                {v.trainable for v in attention.weights}, {sibling}
+            )
+        # Frozen sublayers: their flags were reset to trainable.
+        partly = ENCODERS["bert"]()
+        partly.token_embedding.trainable = False
+        partly.transformer_layers[0].trainable = False
+        converted = convert_backbone(
+            partly, kav.HybridAttention, hybrid_init=0.0
+        )
+        self.assertFalse(converted.token_embedding.trainable)
+        self.assertFalse(converted.transformer_layers[0].trainable)
+        self.assertEqual(
+            sorted(v.path for v in converted.trainable_weights),
+            sorted(
+                [v.path for v in partly.trainable_weights]
+                + ["transformer_layer_1/self_attention_layer/hybrid_weight"]
+            ),
+        )
+
+    def test_blocks_with_model_specific_attention_raise(self):
+        # Whisper's attention has no key bias, Moonshine's blocks keep a
+        # rotary attention elsewhere: an obscure weight-name error and an
+        # AttributeError before.
+        whisper = keras_hub.models.WhisperBackbone(
+            vocabulary_size=50,
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=8,
+            intermediate_dim=16,
+            num_mels=4,
+            max_encoder_sequence_length=8,
+            max_decoder_sequence_length=8,
+        )
+        with self.assertRaisesRegex(
+            ValueError,
+            "WhisperCachedMultiHeadAttention.*"
+            "Received: backbone of class WhisperBackbone",
+        ):
+            convert_backbone(whisper, keras.layers.MultiHeadAttention)
+        moonshine = keras_hub.models.MoonshineBackbone(
+            vocabulary_size=50,
+            filter_dim=8,
+            encoder_num_layers=1,
+            decoder_num_layers=1,
+            hidden_dim=8,
+            intermediate_dim=16,
+            encoder_num_heads=2,
+            decoder_num_heads=2,
+        )
+        message = "MoonshineEncoderBlock.*Received: backbone of class Moon"
+        with self.assertRaisesRegex(ValueError, message):
+            convert_backbone(moonshine, keras.layers.MultiHeadAttention)
+        with self.assertRaisesRegex(ValueError, message):
+            self_attention_layers(moonshine)
+
     def test_decoder_alignment_term_ignores_padding(self):
         # A causal decoder with right padding lets padded queries attend
         # the real keys before them; they must still stay out of the query
@@ -283,7 +399,11 @@ class ConvertBackboneTest(TestCase):
         for total in (4, 6, 8):
             data = {key: value[:, :total] for key, value in padded.items()}
             converted(data, training=True)
-            values.append(float(sum(np.asarray(x) for x in converted.losses)))
+            values.append(
+                float(
+                    sum(keras.ops.convert_to_numpy(x) for x in converted.losses)
+                )
+            )
         self.assertGreater(values[0], 0.0)
         self.assertAllClose(values[1:], [values[0]] * 2, atol=1e-6)
 
@@ -353,6 +473,20 @@ class ConvertBackboneTest(TestCase):
                 inputs=inputs, outputs=keras.layers.Dense(2)(inputs)
             )
             convert_backbone(dense, kav.HybridAttention)
+
+    def test_non_backbone_raises(self):
+        # A task model was silently rebuilt as a converted task of a
+        # generated class; a preset name or None gave AttributeError.
+        task = keras_hub.models.BertTextClassifier(
+            backbone=self.originals["bert"], num_classes=2, preprocessor=None
+        )
+        for bad in (task, "bert_base_en", None):
+            with self.assertRaisesRegex(
+                ValueError,
+                re.escape("`backbone` must be a `keras_hub.models.Backbone`")
+                + ".*Received: backbone=",
+            ):
+                convert_backbone(bad, kav.HybridAttention)
 
     def test_masked_lm_task_model_fits(self):
         # BertTextClassifier fits in attention_weights_test.py (traced,
