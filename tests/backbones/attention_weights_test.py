@@ -8,6 +8,7 @@ from keras_attnvariants.backbones.attention_weights import hybrid_weights
 from keras_attnvariants.backbones.conversion import convert_backbone
 from keras_attnvariants.backbones.conversion import self_attention_layers
 from keras_attnvariants.backbones.pretrained import first_layers
+from keras_attnvariants.backbones.pretrained import random_bert
 from keras_attnvariants.layers.recording import record_attention
 from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.testing.test_case import TestCase
@@ -179,6 +180,23 @@ class AttentionWeightsTest(TestCase):
         for bad in (0, 3, True, 1.5):
             with self.assertRaisesRegex(ValueError, "num_layers"):
                 first_layers(self.bert, bad)
+
+    def test_first_layers_keeps_trainable_flags(self):
+        # The copy was rebuilt from the config: frozen layers came back
+        # trainable.
+        bert = random_bert(50, 8)
+        bert.token_embedding.trainable = False
+        bert.transformer_layers[0].trainable = False
+        truncated = first_layers(bert, 1)
+        self.assertFalse(truncated.token_embedding.trainable)
+        self.assertFalse(truncated.transformer_layers[0].trainable)
+        self.assertTrue(truncated.position_embedding.trainable)
+        self.assertLen(
+            truncated.trainable_weights,
+            len(truncated.weights)
+            - len(bert.token_embedding.weights)
+            - len(bert.transformer_layers[0].weights),
+        )
 
 
 @keras.saving.register_keras_serializable(package="kav_backbone_tests")
