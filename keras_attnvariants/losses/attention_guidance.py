@@ -1,5 +1,7 @@
 """Attention guidance (AG): steer chosen heads toward fixed patterns."""
 
+import numbers
+
 import keras
 from keras import ops
 
@@ -8,6 +10,7 @@ from keras_attnvariants.ops.patterns import EDGE_ROWS
 from keras_attnvariants.ops.patterns import PATTERN_NAMES
 from keras_attnvariants.ops.patterns import guidance_pattern
 from keras_attnvariants.ops.patterns import normalize_token_id
+from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
 
 REDUCTIONS = ("sum", "mean")
@@ -35,7 +38,8 @@ def default_head_patterns(num_heads, fraction=0.5):
     {0: 'next', 1: 'prev', 2: 'first', 3: 'first'}
     """
     num_heads = check_int("num_heads", num_heads)
-    if not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
+    fraction = check_float("fraction", fraction)
+    if fraction > 1.0:
         raise ValueError(
             "`fraction` must be a float in (0, 1]. "
             f"Received: fraction={fraction!r}"
@@ -70,7 +74,11 @@ def _normalize_head_map(head_map, allow_empty):
     for head, name in head_map.items():
         if isinstance(head, str) and head.isdigit():
             head = int(head)
-        if isinstance(head, bool) or not isinstance(head, int) or head < 0:
+        if (
+            isinstance(head, bool)
+            or not isinstance(head, numbers.Integral)
+            or head < 0
+        ):
             raise ValueError(
                 "`head_patterns` keys must be head indices (ints >= 0). "
                 f"Received: head_patterns={head_map!r}"
@@ -80,23 +88,26 @@ def _normalize_head_map(head_map, allow_empty):
                 f"`head_patterns` values must be one of {PATTERN_NAMES}. "
                 f"Received: head_patterns={head_map!r}"
             )
-        normalized[head] = name
+        normalized[int(head)] = name
     return dict(sorted(normalized.items()))
 
 
-def _check_number(name, value, minimum, allow_none=False):
-    if value is None and allow_none:
+def _check_batch_and_length(name, tensor, weights_shape):
+    """`ValueError` unless `tensor` is `(B or 1, T)` for weights
+    `(B, N, T, T)`; unknown sizes pass."""
+    if tensor is None or not hasattr(tensor, "shape"):
         return
+    got = tuple(tensor.shape)
+    batch, length = weights_shape[0], weights_shape[2]
     if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or value < minimum
-        or (minimum > 0 and value <= 0)
+        len(got) != 2
+        or (None not in (got[0], batch) and got[0] not in (1, batch))
+        or (None not in (got[1], length) and got[1] != length)
     ):
         raise ValueError(
-            f"`{name}` must be a number >= {minimum}"
-            + (" or None" if allow_none else "")
-            + f". Received: {name}={value!r}"
+            f"`{name}` must have shape (batch, length) = {(batch, length)} "
+            "to match `attention_weights` (batch, num_heads, length, "
+            f"length). Received: {name} with shape {got}"
         )
 
 
@@ -130,21 +141,24 @@ class AttentionGuidanceRegularizer(AttentionLoss):
     the term increments inside the (compiled) train step, so it works under
     `jit_compile` on every backend and is saved with the model. One instance
     may serve many attention layers (called several times per step): only
-    the call for layer index 0 increments `step`, before computing its
-    value, and every call uses `t = step - 1`, so all layers of one step see
-    the same `alpha_t`, with `t = 0` at the first step. Attached through
-    `attention_losses`, each attention layer gets its index from the order
-    in which the layers first call the term (forward order: index 0 is the
-    first attention layer). Called directly (e.g. on the scores of a
-    `keras.layers.MultiHeadAttention`), pass `layer_index=i` for the i-th
-    layer when one instance serves several layers; it defaults to 0. The
-    counter advances only in training calls (`training=True`).
+    the first call for layer index 0 in a forward pass increments `step`,
+    before computing its value, and every call uses `t = step - 1`, so all
+    layers of one step see the same `alpha_t`, with `t = 0` at the first
+    step. Attached through `attention_losses`, a call's index is its rank
+    among the term's calls in the forward pass (index 0 is the first
+    attention layer; a layer applied several times, like ALBERT's shared
+    layers, gets one index per application), so the term also works when
+    attached to the layers of another model later. Called directly (e.g.
+    on the scores of a `keras.layers.MultiHeadAttention`), pass
+    `layer_index=i` for the i-th layer when one instance serves several
+    layers; it defaults to 0. The counter advances only in training calls
+    (`training=True`).
 
     Args:
         head_patterns: dict `{head_index: pattern}` used in every layer, or
-            a list of such dicts, one per attention layer (an empty dict
-            leaves that layer unguided). Patterns: `"first"`, `"next"`,
-            `"prev"`, `"delimiter"`, `"period"` (see
+            a list of such dicts, one per attention layer call in forward
+            order (an empty dict leaves that layer unguided). Patterns:
+            `"first"`, `"next"`, `"prev"`, `"delimiter"`, `"period"` (see
             `keras_attnvariants.ops.patterns.guidance_pattern`).
             `default_head_patterns(num_heads)` builds the paper's map.
         alpha: float >= 0. Initial weight `alpha_0` (paper: 100 for models
@@ -173,7 +187,8 @@ class AttentionGuidanceRegularizer(AttentionLoss):
         padding_mask: boolean `(B, T)`, `True` = real token, or `None`.
         token_ids: int `(B, T)`, needed by "delimiter" / "period".
         layer_index: int or `None`. Which head map of a per-layer list, and
-            whether this call advances the step counter (index 0).
+            whether this call advances the step counter (the first call
+            with index 0 in a forward pass).
         training: bool. The step counter advances only in training.
 
     Returns:
@@ -219,9 +234,10 @@ class AttentionGuidanceRegularizer(AttentionLoss):
             maps = [_normalize_head_map(m, True) for m in head_patterns]
         else:
             maps = [_normalize_head_map(head_patterns, False)]
-        _check_number("alpha", alpha, 0)
-        _check_number("decay_steps", decay_steps, 1, allow_none=True)
-        _check_number("warm_steps", warm_steps, 0)
+        alpha = check_float("alpha", alpha, low_inclusive=True)
+        if decay_steps is not None:
+            decay_steps = check_int("decay_steps", decay_steps)
+        warm_steps = check_int("warm_steps", warm_steps, low=0)
         if reduction not in REDUCTIONS:
             raise ValueError(
                 f"`reduction` must be one of {REDUCTIONS}. "
@@ -253,14 +269,13 @@ class AttentionGuidanceRegularizer(AttentionLoss):
         super().__init__(track_metric=track_metric, **kwargs)
         self.per_layer = isinstance(head_patterns, (list, tuple))
         self.head_maps = maps
-        self.alpha = float(alpha)
-        self.decay_steps = None if decay_steps is None else int(decay_steps)
-        self.warm_steps = int(warm_steps)
+        self.alpha = alpha
+        self.decay_steps = decay_steps
+        self.warm_steps = warm_steps
         self.reduction = reduction
         self.edge_rows = edge_rows
         self.delimiter_ids = delimiter_ids
         self.period_id = period_id
-        self._layer_order = {}
         # Under tf.distribute each replica advances its own copy (all in
         # step) and reads of the copies average: no cross-replica sync in
         # the forward pass. A synced ("only_first_replica") counter let
@@ -363,7 +378,16 @@ class AttentionGuidanceRegularizer(AttentionLoss):
                 f"attention has {shape[1]} heads. Received: "
                 f"attention_weights with shape {shape}"
             )
-        if training and index == 0:
+        for arg, tensor in (
+            ("padding_mask", padding_mask),
+            ("token_ids", token_ids),
+        ):
+            _check_batch_and_length(arg, tensor, shape)
+        # `self.losses`: this term's values so far in this forward pass
+        # (Keras clears them when the outermost call starts), so a layer
+        # called again (ALBERT's groups) or a repeated index 0 never
+        # advances the counter twice in one step.
+        if training and index == 0 and not self.losses:
             self.step.assign_add(1.0)
         alpha = self.current_alpha()
         if not head_map:
@@ -412,18 +436,14 @@ class AttentionGuidanceRegularizer(AttentionLoss):
             total = ops.sum(squared) / ops.maximum(ops.sum(pair), 1.0)
         return alpha * ops.mean(total)
 
-    def _attention_layer_index(self, layer):
-        key = id(layer)
-        if key not in self._layer_order:
-            self._layer_order[key] = len(self._layer_order)
-        return self._layer_order[key]
-
     def from_attention(self, context):
+        # The layer index is the call's rank in this forward pass: how many
+        # values the term has added since the pass started.
         return self(
             context["attention_weights"],
             padding_mask=context["key_mask"],
             token_ids=context["token_ids"],
-            layer_index=self._attention_layer_index(context["layer"]),
+            layer_index=len(self.losses),
             training=True,
         )
 
@@ -473,6 +493,7 @@ def guidance_attention_bias(
             `AttentionGuidanceRegularizer`.
     """
     head_map = _normalize_head_map(head_patterns, False)
+    num_heads = check_int("num_heads", num_heads)
     if max(head_map) >= num_heads:
         raise ValueError(
             f"`head_patterns` guides head {max(head_map)} but "

@@ -24,10 +24,12 @@ applied on every backend.
 """
 
 import threading
+import weakref
 from contextlib import contextmanager
 
 import keras
 from keras import ops
+from keras.src.backend.common.stateless_scope import get_stateless_scope
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
@@ -150,6 +152,9 @@ class AttentionLoss(keras.layers.Layer):
         kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
         self.track_metric = bool(track_metric)
+        # Weak reference to the stateless scope (JAX trainer step) that
+        # holds this term's latest values, see `_clear_losses`.
+        self._loss_scope = None
         # `loss_tracker` is None where it could not be updated (JAX).
         self.loss_tracker = None
         if self.track_metric and keras.config.backend() != "jax":
@@ -179,6 +184,9 @@ class AttentionLoss(keras.layers.Layer):
         value = ops.cast(self.compute_loss_value(*args, **kwargs), "float32")
         if not in_symbolic_scope():
             self.add_loss(value)
+            scope = get_stateless_scope()
+            if scope is not None and scope.collect_losses:
+                self._loss_scope = weakref.ref(scope)
             # Stateless scopes (the JAX trainer) drop metric updates made
             # inside layers; the loss itself is still collected there.
             if self.loss_tracker is not None and not in_stateless_scope():
@@ -187,6 +195,23 @@ class AttentionLoss(keras.layers.Layer):
 
     def compute_output_spec(self, *args, **kwargs):
         return keras.KerasTensor((), dtype="float32")
+
+    def _clear_losses(self):
+        # Keras clears a layer's losses whenever a call context starts. The
+        # JAX trainer runs the model's `call` (no model-level context), so
+        # every attention layer started one and dropped what a term shared
+        # by several layers had added for the layers before it: only the
+        # last layer's value reached the training loss. Values added in the
+        # current stateless scope (one per train step) belong to this
+        # forward pass and are kept.
+        scope = get_stateless_scope()
+        if (
+            scope is not None
+            and self._loss_scope is not None
+            and self._loss_scope() is scope
+        ):
+            return
+        super()._clear_losses()
 
     def get_config(self):
         config = super().get_config()

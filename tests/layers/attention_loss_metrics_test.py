@@ -95,6 +95,24 @@ class AttentionLossMetricsTest(TestCase, parameterized.TestCase):
         mse = np.mean(np.square(model.predict(x, verbose=0)))
         self.assertAllClose(loss["loss"], mse + term, atol=1e-5)
 
+    def test_shared_term_counts_every_layer_in_the_training_loss(self):
+        # The JAX trainer calls the model's `call`, so each attention layer
+        # opened its own Keras call context, which cleared what the shared
+        # term had added for the layers before it: only the last layer's
+        # value reached the loss.
+        x = np.random.default_rng(2).normal(size=(4, 5, 8)).astype("float32")
+        term = QueryMean(name="q_mean")
+        model = stacked_model(lambda i: [term], layers=2)
+        model.compile(keras.optimizers.SGD(0.0), "mse")
+        loss = model.train_on_batch(x, np.zeros_like(x), return_dict=True)
+        first, second = model.layers[1], model.layers[2]
+        hidden = first(x, x)
+        want = ops.mean(first._query_dense(x)) + ops.mean(
+            second._query_dense(hidden)
+        )
+        mse = np.mean(np.square(model.predict(x, verbose=0)))
+        self.assertAllClose(loss["loss"], mse + want, atol=1e-5)
+
     def test_attention_layer_metrics_exclude_terms_only(self):
         term = QueryMean(name="q_mean")
         layer = kav.HybridAttention(

@@ -1,3 +1,5 @@
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -184,6 +186,44 @@ class AttentionGuidanceRegularizerTest(TestCase):
         losses = np.array(history.history["loss"])
         self.assertAllClose(losses / losses[0], [1.0, 0.5, 0.0], atol=1e-5)
 
+    def test_reused_attention_layer_advances_once_per_step(self):
+        # ALBERT calls one attention layer per layer group several times:
+        # the step counter advanced once per call (2 per step here), and
+        # every call got the first per-layer map.
+        reg = AttentionGuidanceRegularizer(
+            [{0: "next"}, {}], alpha=1.0, decay_steps=2, name="ag"
+        )
+        ids = keras.Input((5,), dtype="int32")
+        x = AddPositions()(keras.layers.Embedding(12, 8)(ids))
+        attention = SoftmaxAttention(2, 4, attention_losses=[reg])
+        x = attention(x, x)
+        model = keras.Model(ids, attention(x, x))
+        # Each application gets its own map: only the first is guided.
+        model(IDS, training=True)
+        first, second = [float(v) for v in model.losses]
+        self.assertGreater(first, 0.0)
+        self.assertEqual(second, 0.0)
+        reg.step.assign(0.0)
+        model.compile(optimizer=keras.optimizers.SGD(0.0), jit_compile=True)
+        history = model.fit(IDS, epochs=3, batch_size=2, verbose=0)
+        self.assertEqual(int(reg.step), 3)
+        losses = np.array(history.history["loss"])
+        self.assertAllClose(losses / losses[0], [1.0, 0.5, 0.0], atol=1e-5)
+
+    def test_term_reused_in_a_new_model_keeps_its_schedule(self):
+        # The layers of a second model got indices 1, 2, ... from the
+        # first model's order: no index 0, so the schedule froze.
+        reg = AttentionGuidanceRegularizer(
+            {0: "next"}, alpha=1.0, decay_steps=4, name="ag"
+        )
+        for _ in range(2):
+            model = guided_model(reg)
+            model.compile(optimizer=keras.optimizers.SGD(0.0))
+            history = model.fit(IDS, epochs=2, batch_size=2, verbose=0)
+        self.assertEqual(int(reg.step), 4)
+        losses = np.array(history.history["loss"])
+        self.assertAllClose(losses[1] / losses[0], 0.25 / 0.5, atol=1e-5)
+
     def test_per_layer_head_maps(self):
         reg = AttentionGuidanceRegularizer(
             [{0: "next"}, {}, {1: "first"}], alpha=1.0
@@ -343,11 +383,35 @@ class AttentionGuidanceRegularizerTest(TestCase):
             {"head_patterns": {0: "period"}, "period_id": [True]},
             "`period_id`",
         ),
+        # NaN passed every `<` check; floats were truncated silently; inf
+        # steps raised OverflowError.
+        ("alpha_nan", {"alpha": float("nan")}, "`alpha`"),
+        ("alpha_inf", {"alpha": float("inf")}, "`alpha`"),
+        ("decay_float", {"decay_steps": 2.5}, "`decay_steps`"),
+        ("decay_nan", {"decay_steps": float("nan")}, "`decay_steps`"),
+        ("warm_inf", {"warm_steps": float("inf")}, "`warm_steps`"),
     )
     def test_invalid_arguments(self, kwargs, message):
         args = {"head_patterns": {0: "next"}, "alpha": 1.0, **kwargs}
         with self.assertRaisesRegex(ValueError, message):
             AttentionGuidanceRegularizer(**args)
+
+    def test_numpy_scalars_are_accepted(self):
+        reg = AttentionGuidanceRegularizer(
+            {np.int64(1): "next"},
+            alpha=np.float32(2.0),
+            decay_steps=np.int64(3),
+            warm_steps=np.int32(1),
+        )
+        self.assertEqual(reg.head_patterns, {1: "next"})
+        self.assertEqual(
+            (reg.alpha, reg.decay_steps, reg.warm_steps), (2.0, 3, 1)
+        )
+        self.assertEqual(type(reg.get_config()["alpha"]), float)
+        self.assertEqual(
+            default_head_patterns(np.int64(4), np.float32(0.5)),
+            {0: "next", 1: "prev"},
+        )
 
     def test_invalid_weights(self):
         reg = AttentionGuidanceRegularizer({3: "next"}, alpha=1.0)
@@ -355,5 +419,29 @@ class AttentionGuidanceRegularizerTest(TestCase):
             reg(random_weights())
         with self.assertRaisesRegex(ValueError, "attention_weights"):
             reg(np.zeros((2, 4, 5, 6), "float32"))
+
+    @parameterized.named_parameters(
+        # A (B, 1) mask broadcast silently to a wrong value; other lengths
+        # failed with each backend's own broadcasting error.
+        ("mask_length_1", "padding_mask", np.ones((2, 1), bool)),
+        ("mask_length", "padding_mask", np.ones((2, 4), bool)),
+        ("mask_batch", "padding_mask", np.ones((3, 5), bool)),
+        ("ids_length", "token_ids", np.ones((2, 4), "int32")),
+    )
+    def test_mask_and_ids_must_match_the_weights(self, name, value):
+        reg = AttentionGuidanceRegularizer(
+            {0: "next", 1: "period"}, alpha=1.0, period_id=7
+        )
+        kwargs = {"padding_mask": MASK, "token_ids": IDS, name: value}
+        message = f"`{name}`.*{re.escape(str(value.shape))}"
+        with self.assertRaisesRegex(ValueError, message):
+            reg(random_weights(), **kwargs)
+        # A batch of one broadcasts.
+        kwargs[name] = value[:1, :1].repeat(5, axis=1)
+        reg(random_weights(), **kwargs)
         with self.assertRaisesRegex(ValueError, "num_heads"):
             default_head_patterns(0)
+        with self.assertRaisesRegex(ValueError, "fraction"):
+            default_head_patterns(4, fraction=True)
+        with self.assertRaisesRegex(ValueError, "num_heads=2.0"):
+            guidance_attention_bias({0: "next"}, 2.0, MASK)
