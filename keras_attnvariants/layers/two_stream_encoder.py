@@ -6,6 +6,7 @@ from keras import ops
 from keras_attnvariants.layers.two_stream_block import MODEL_ATTENTIONS
 from keras_attnvariants.layers.two_stream_block import MODES
 from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
+from keras_attnvariants.losses.attention_loss import KeepsStepLosses
 from keras_attnvariants.ops.receptive_field import receptive_field_mean_size
 from keras_attnvariants.ops.receptive_field import receptive_field_union_size
 from keras_attnvariants.ops.receptive_field import receptive_fields
@@ -17,7 +18,7 @@ REDUCTIONS = ("mean", "union")
 
 
 @keras.saving.register_keras_serializable(package="keras_attnvariants")
-class TwoStreamEncoder(keras.layers.Layer):
+class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
     """Two-stream (or single-stream discrete) transformer encoder.
 
     Token ids (0 = padding) are embedded with learned token and position
@@ -254,7 +255,10 @@ class TwoStreamEncoder(keras.layers.Layer):
                 size = receptive_field_mean_size(fields, padding_mask)
             else:
                 size = receptive_field_union_size(fields)
-            self.add_loss(self.receptive_field_coefficient * ops.mean(size))
+            # Kept over calls per view in one model (`KeepsStepLosses`).
+            self._add_step_loss(
+                self.receptive_field_coefficient * ops.mean(size)
+            )
         if return_attention:
             return h, attentions
         return h

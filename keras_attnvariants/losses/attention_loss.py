@@ -123,8 +123,39 @@ def build_context(
     )
 
 
+class KeepsStepLosses:
+    """Mixin for a Keras layer that adds losses and may be called several
+    times in one forward pass (a term shared by attention layers, an encoder
+    called once per view).
+
+    Keras clears a layer's losses whenever a call of it starts a call
+    context. The JAX trainer runs the model's `call` directly, with no
+    model-level context, so every top-level call of a shared layer started
+    one and dropped the losses its earlier calls had added: only the last
+    call's value reached the training loss (TensorFlow and PyTorch open a
+    context for the whole model, where this does not happen). A layer with
+    this mixin calls `_add_step_loss` instead of `add_loss`; losses added in
+    the current stateless scope (one per JAX train step) are then kept.
+    """
+
+    def _add_step_loss(self, value):
+        self.add_loss(value)
+        scope = get_stateless_scope()
+        if scope is not None and scope.collect_losses:
+            # Weak: the scope ends with its train step.
+            self._step_loss_scope = weakref.ref(scope)
+
+    def _clear_losses(self):
+        scope = get_stateless_scope()
+        remembered = getattr(self, "_step_loss_scope", None)
+        if scope is not None and remembered is not None:
+            if remembered() is scope:
+                return
+        super()._clear_losses()
+
+
 @keras.saving.register_keras_serializable(package="keras_attnvariants")
-class AttentionLoss(keras.layers.Layer):
+class AttentionLoss(KeepsStepLosses, keras.layers.Layer):
     """Base class of loss terms computed from attention internals.
 
     Subclasses implement `compute_loss_value(...)` (their public call
@@ -152,9 +183,6 @@ class AttentionLoss(keras.layers.Layer):
         kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
         self.track_metric = bool(track_metric)
-        # Weak reference to the stateless scope (JAX trainer step) that
-        # holds this term's latest values, see `_clear_losses`.
-        self._loss_scope = None
         # `loss_tracker` is None where it could not be updated (JAX).
         self.loss_tracker = None
         if self.track_metric and keras.config.backend() != "jax":
@@ -183,10 +211,8 @@ class AttentionLoss(keras.layers.Layer):
     def call(self, *args, **kwargs):
         value = ops.cast(self.compute_loss_value(*args, **kwargs), "float32")
         if not in_symbolic_scope():
-            self.add_loss(value)
-            scope = get_stateless_scope()
-            if scope is not None and scope.collect_losses:
-                self._loss_scope = weakref.ref(scope)
+            # Kept over the layers that share the term (`KeepsStepLosses`).
+            self._add_step_loss(value)
             # Stateless scopes (the JAX trainer) drop metric updates made
             # inside layers; the loss itself is still collected there.
             if self.loss_tracker is not None and not in_stateless_scope():
@@ -195,23 +221,6 @@ class AttentionLoss(keras.layers.Layer):
 
     def compute_output_spec(self, *args, **kwargs):
         return keras.KerasTensor((), dtype="float32")
-
-    def _clear_losses(self):
-        # Keras clears a layer's losses whenever a call context starts. The
-        # JAX trainer runs the model's `call` (no model-level context), so
-        # every attention layer started one and dropped what a term shared
-        # by several layers had added for the layers before it: only the
-        # last layer's value reached the training loss. Values added in the
-        # current stateless scope (one per train step) belong to this
-        # forward pass and are kept.
-        scope = get_stateless_scope()
-        if (
-            scope is not None
-            and self._loss_scope is not None
-            and self._loss_scope() is scope
-        ):
-            return
-        super()._clear_losses()
 
     def get_config(self):
         config = super().get_config()

@@ -170,3 +170,36 @@ class TwoStreamEncoderTest(TestCase):
         self.assertTrue(model.layers[1].get_config()["mask_zero"])
         restored = TwoStreamEncoder.from_config(model.layers[1].get_config())
         self.assertTrue(restored.mask_zero)
+
+    def test_encoder_called_per_view_adds_both_regularizers(self):
+        # Under the JAX trainer the second call of the encoder cleared the
+        # first call's receptive-field loss. "union" makes the term
+        # deterministic (the union of the fields covers every token), soft
+        # model attention makes the training forward pass the inference one.
+        keras.utils.set_random_seed(0)
+        encoder = TwoStreamEncoder(
+            10,
+            5,
+            2,
+            d_model=8,
+            num_heads=2,
+            d_ff=16,
+            num_views=2,
+            seed=0,
+            receptive_field_coefficient=0.5,
+            receptive_field_reduction="union",
+            model_attention="soft",
+        )
+        encoder(TOKENS, training=True)
+        per_call = float(keras.ops.convert_to_numpy(encoder.losses[0]))
+        self.assertGreater(per_call, 0.0)
+        first, second = (keras.Input((5,), dtype="int32") for _ in "ab")
+        pooled = keras.layers.Concatenate()(
+            [encoder(first, view=0)[:, 0], encoder(second, view=1)[:, 0]]
+        )
+        model = keras.Model([first, second], keras.layers.Dense(1)(pooled))
+        model.compile(keras.optimizers.SGD(0.0), "mse")
+        target = np.zeros((2, 1), "float32")
+        loss = model.train_on_batch([TOKENS, TOKENS], target)
+        mse = np.mean(np.square(model.predict([TOKENS, TOKENS], verbose=0)))
+        self.assertAllClose(loss, mse + 2 * per_call, atol=1e-4)
