@@ -32,10 +32,15 @@ def kq_projections(mha, query, key=None):
     For plain Keras MHA layers, which have no `attention_losses`: returns
     `(mha._query_dense(query), mha._key_dense(key))`, the tensors MHA
     itself attends with, so `KQAlignment()(*kq_projections(mha, x))` can be
-    added in a subclassed model's `call`. The two private members are
-    listed in `tests/layers/mha_contract_test.py`. For a functional model,
-    prefer `HybridAttention(hybrid_init=0.0)` with `attention_losses`
-    (exactly MHA, see `docs/kq_alignment.md`).
+    added in a subclassed model's `call`. Call the term in every call, not
+    under `if training:`: `fit` first runs `call` symbolically with
+    `training=False`, which builds the term's adversary (and adds no
+    loss); a term first called inside the train step creates its weights
+    after the optimizer was built, and `fit` then raises on JAX and
+    PyTorch. The two private members are listed in
+    `tests/layers/mha_contract_test.py`. For a functional model, prefer
+    `HybridAttention(hybrid_init=0.0)` with `attention_losses` (exactly
+    MHA, see `docs/kq_alignment.md`).
 
     Args:
         mha: a built or unbuilt `keras.layers.MultiHeadAttention`.
@@ -452,6 +457,13 @@ class KQAlignment(AttentionLoss):
             if key_mask is None
             else ops.cast(key_mask, "bool")
         )
+        # Padded tokens hold anything (inf, nan, values whose square
+        # overflows): zeroed, since a zero weight times inf is nan in the
+        # value and in the adversary's gradient.
+        if query_mask is not None:
+            q = ops.where(q_valid[:, :, None, None], q, 0.0)
+        if key_mask is not None:
+            k = ops.where(k_valid[:, :, None, None], k, 0.0)
         if self.match_over == "tokens":
             # clouds: (B, N, T, H) and (B, N, S, H); groups are heads.
             q = ops.transpose(q, (0, 2, 1, 3))

@@ -11,12 +11,25 @@ Forward, the bracket is exactly 0, so `y = x` bit for bit; backward only
 forward pass and overflows float16 for `|x| (1 + beta) > 65504`.
 """
 
+import math
+import numbers
+
+import numpy as np
 from keras import ops
 
 
 def _check_beta(beta):
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)):
-        raise ValueError(f"`beta` must be a float. Received: beta={beta!r}")
+    """`beta` as a Python float: finite (`nan * 0` made the forward pass
+    nan), NumPy scalars accepted."""
+    if (
+        isinstance(beta, (bool, np.bool_))
+        or not isinstance(beta, numbers.Real)
+        or not math.isfinite(beta)
+    ):
+        raise ValueError(
+            f"`beta` must be a finite float. Received: beta={beta!r}"
+        )
+    return float(beta)
 
 
 def gradient_reversal(x, beta=1.0):
@@ -43,8 +56,7 @@ def gradient_reversal(x, beta=1.0):
     >>> float(gradient_reversal(3.0))
     3.0
     """
-    _check_beta(beta)
+    beta = _check_beta(beta)
     x = ops.convert_to_tensor(x)
-    beta = float(beta)
     frozen = ops.stop_gradient(x)
     return frozen - beta * (x - frozen)

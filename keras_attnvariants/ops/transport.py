@@ -9,13 +9,8 @@ outputs are float32.
 from keras import ops
 
 from keras_attnvariants.ops.masking import MASK_FILL
-
-
-def _check_positive(name, value, integer=False):
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value <= 0:
-        kind = "an int >= 1" if integer else "a float > 0"
-        raise ValueError(f"`{name}` must be {kind}. Received: {name}={value!r}")
+from keras_attnvariants.validation import check_float
+from keras_attnvariants.validation import check_int
 
 
 def _point_mask(mask, shape):
@@ -96,13 +91,16 @@ def sinkhorn_plan(
     Example:
 
     >>> import numpy as np
+    >>> from keras import ops
     >>> from keras_attnvariants.ops.transport import sinkhorn_plan
     >>> plan = sinkhorn_plan(np.random.rand(4, 5).astype("float32"))
-    >>> round(float(plan.numpy().sum()), 4)
+    >>> round(float(ops.sum(plan)), 4)
     1.0
     """
-    _check_positive("epsilon", epsilon)
-    _check_positive("iterations", iterations, integer=True)
+    # NumPy scalars accepted; nan and inf rejected (they gave a nan or a
+    # uniform plan without a word).
+    epsilon = check_float("epsilon", epsilon)
+    iterations = check_int("iterations", iterations)
     cost = ops.cast(cost, "float32")
     shape = ops.shape(cost)
     rows = _point_mask(row_mask, shape[:-1])
@@ -199,7 +197,17 @@ def sinkhorn_cost(
         col_mask,
         normalize_cost=True,
     )
+    # Masked pairs hold anything (inf, nan): zeroed, not multiplied by 0.
+    cost = ops.where(_valid_pairs(cost, row_mask, col_mask), cost, 0.0)
     return ops.sum(ops.stop_gradient(plan) * cost, axis=(-2, -1))
+
+
+def _valid_pairs(cost, row_mask, col_mask):
+    """Boolean `(..., n, m)`: the pairs of a valid row and a valid column."""
+    shape = ops.shape(cost)
+    rows = _point_mask(row_mask, shape[:-1])
+    cols = _point_mask(col_mask, shape[:-2] + shape[-1:])
+    return ops.logical_and(rows[..., :, None], cols[..., None, :])
 
 
 def conditional_transport_plans(logits, row_mask=None, col_mask=None):
@@ -251,16 +259,16 @@ def conditional_transport_cost(
     `p_X`, `p_Y` over the valid points and the plans of
     `conditional_transport_plans(logits)` (paper Eq. 4 with `rho = 0.5`).
     """
-    if isinstance(rho, bool) or not isinstance(rho, (int, float)):
-        raise ValueError(
-            f"`rho` must be a float in [0, 1]. Received: rho={rho!r}"
-        )
-    if not 0.0 <= rho <= 1.0:
+    rho = check_float("rho", rho, 0.0, True)
+    if rho > 1.0:
         raise ValueError(f"`rho` must be in [0, 1]. Received: rho={rho}")
     cost = ops.cast(cost, "float32")
     shape = ops.shape(cost)
     rows = _point_mask(row_mask, shape[:-1])
     cols = _point_mask(col_mask, shape[:-2] + shape[-1:])
+    # Masked pairs hold anything (inf, nan): zeroed, not multiplied by 0.
+    valid = ops.logical_and(rows[..., :, None], cols[..., None, :])
+    cost = ops.where(valid, cost, 0.0)
     forward, backward = conditional_transport_plans(logits, rows, cols)
     a = uniform_marginal(rows)
     b = uniform_marginal(cols)
@@ -288,12 +296,19 @@ def gaussian_mmd(x, y, x_mask=None, y_mask=None, bandwidth=1.0):
     Returns:
         float32 `(...)`; 0 where either cloud has no valid point.
     """
-    _check_positive("bandwidth", bandwidth)
+    bandwidth = check_float("bandwidth", bandwidth)
     x = ops.cast(x, "float32")
     y = ops.cast(y, "float32")
-    wx = uniform_marginal(_point_mask(x_mask, ops.shape(x)[:-1]))
-    wy = uniform_marginal(_point_mask(y_mask, ops.shape(y)[:-1]))
-    scale = -0.5 / float(bandwidth) ** 2
+    x_valid = _point_mask(x_mask, ops.shape(x)[:-1])
+    y_valid = _point_mask(y_mask, ops.shape(y)[:-1])
+    if x_mask is not None:
+        # Masked points hold anything (inf, nan): zeroed, as 0 * inf = nan.
+        x = ops.where(x_valid[..., None], x, 0.0)
+    if y_mask is not None:
+        y = ops.where(y_valid[..., None], y, 0.0)
+    wx = uniform_marginal(x_valid)
+    wy = uniform_marginal(y_valid)
+    scale = -0.5 / bandwidth**2
 
     def mean_kernel(p, q, wp, wq):
         k = ops.exp(scale * squared_euclidean_cost(p, q))

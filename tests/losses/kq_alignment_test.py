@@ -31,14 +31,51 @@ def numpy_mmd(x, y):
     return k(x, x) + k(y, y) - 2 * k(x, y)
 
 
-def tf_grads(term, q, k, q_mask, k_mask):
-    import tensorflow as tf
+def value_and_grads(fn, tensors, variables):
+    """`fn(*tensors)` and its gradients (NumPy) with respect to `tensors`
+    then `variables`, on the current backend."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
 
-    q_var, k_var = tf.Variable(q), tf.Variable(k)
-    with tf.GradientTape() as tape:
-        loss = term(q_var, k_var, q_mask, k_mask)
+        tensors = [tf.constant(t) for t in tensors]
+        with tf.GradientTape() as tape:
+            tape.watch(tensors)
+            value = fn(*tensors)
+        grads = tape.gradient(value, tensors + list(variables))
+    elif backend == "jax":
+        import jax
+
+        def stateless(tensors, values):
+            mapping = list(zip(variables, values))
+            with keras.StatelessScope(state_mapping=mapping):
+                return fn(*tensors)
+
+        value, (g_t, g_v) = jax.value_and_grad(stateless, (0, 1))(
+            list(tensors), [v.value for v in variables]
+        )
+        grads = list(g_t) + list(g_v)
+    else:
+        import torch
+
+        tensors = [torch.tensor(t, requires_grad=True) for t in tensors]
+        for v in variables:
+            v.value.grad = None
+        value = fn(*tensors)
+        value.backward()
+        grads = [t.grad for t in tensors] + [v.value.grad for v in variables]
+    return float(ops.convert_to_numpy(value)), [
+        ops.convert_to_numpy(g) for g in grads
+    ]
+
+
+def term_grads(term, q, k, q_mask, k_mask):
+    """Gradients of the term's value w.r.t. `q`, `k` and its weights."""
+    term(q, k, q_mask, k_mask)  # builds the weights
     weights = term.trainable_variables
-    grads = tape.gradient(loss, [q_var, k_var] + weights)
+    _, grads = value_and_grads(
+        lambda q, k: term(q, k, q_mask, k_mask), [q, k], weights
+    )
     return grads[:2], weights, grads[2:]
 
 
@@ -85,6 +122,34 @@ class KQAlignmentTest(TestCase):
         full = term(q[:1], k[:1])
         self.assertAllClose(base, (one + full) / 2, atol=1e-5)
 
+    @parameterized.named_parameters(
+        *[(m, m, "tokens") for m in METHODS], ("ct_over_heads", "ct", "heads")
+    )
+    def test_non_finite_padding_has_no_influence(self, method, match_over):
+        # Whatever padded tokens hold (inf, nan, or values whose squares
+        # overflow float32), the value and every gradient are those of the
+        # real tokens: padding never reaches the clouds or the adversary.
+        q, k, q_mask, k_mask = projected(3)
+        if match_over == "heads":
+            k, k_mask = k[:, :6], q_mask
+        term = KQAlignment(
+            method=method, weight=1.0, bandwidth=4.0, match_over=match_over
+        )
+        (g_q, g_k), _, grads = term_grads(term, q, k, q_mask, k_mask)
+        base = float(term(q, k, q_mask, k_mask))
+        for fill in (np.inf, np.nan, 1e30):
+            q2 = np.where(q_mask[:, :, None, None], q, fill)
+            k2 = np.where(k_mask[:, :, None, None], k, -fill)
+            (g_q2, g_k2), _, grads2 = term_grads(
+                term, q2.astype("float32"), k2.astype("float32"), q_mask, k_mask
+            )
+            value = float(term(q2.astype("float32"), k2, q_mask, k_mask))
+            self.assertAllClose(value, base, atol=1e-6, msg=f"{fill}")
+            self.assertAllClose(g_q2, g_q, atol=1e-6, msg=f"{fill}")
+            self.assertAllClose(g_k2, g_k, atol=1e-6, msg=f"{fill}")
+            for got, want in zip(grads2, grads):
+                self.assertAllClose(got, want, atol=1e-6, msg=f"{fill}")
+
     @parameterized.parameters(*METHODS)
     def test_finite_under_mixed_precision_with_padding(self, method):
         q, k, q_mask, k_mask = projected(4)
@@ -102,13 +167,20 @@ class KQAlignmentTest(TestCase):
             )
             self.assertTrue(np.isfinite(ops.convert_to_numpy(value)), policy)
 
-    @parameterized.parameters("gan", "ct")
-    def test_adversary_and_projections_get_opposing_gradients(self, method):
-        if keras.backend.backend() != "tensorflow":
-            self.skipTest("Uses tf.GradientTape.")
+    @parameterized.named_parameters(
+        ("gan", "gan", {}),
+        ("ct", "ct", {}),
+        ("gan_per_head", "gan", {"adversary_per_head": True}),
+        ("ct_over_heads", "ct", {"match_over": "heads"}),
+    )
+    def test_adversary_and_projections_get_opposing_gradients(
+        self, method, kwargs
+    ):
         q, k, q_mask, k_mask = projected(5, shift=1.0)
-        term = KQAlignment(method=method, weight=1.0, bandwidth=4.0)
-        (g_q, g_k), weights, grads = tf_grads(term, q, k, q_mask, k_mask)
+        if kwargs.get("match_over") == "heads":
+            k, k_mask = k[:, :6], q_mask
+        term = KQAlignment(method=method, weight=1.0, **kwargs)
+        (g_q, g_k), weights, grads = term_grads(term, q, k, q_mask, k_mask)
         base = float(term(q, k, q_mask, k_mask))
         lr = 1e-2
         adversary = [
@@ -116,31 +188,27 @@ class KQAlignmentTest(TestCase):
         ]
         # One SGD step on the minimized loss: the adversary's objective
         # (the paper's L, which it maximizes) goes up ...
-        old = [w.numpy() for w in weights]
+        old = [np.array(ops.convert_to_numpy(w)) for w in weights]
         for i in adversary:
-            weights[i].assign(old[i] - lr * grads[i].numpy())
+            weights[i].assign(old[i] - lr * grads[i])
         self.assertGreater(float(term(q, k, q_mask, k_mask)), base)
         for w, value in zip(weights, old):
             w.assign(value)
         # ... while the same step on the projections brings it down.
-        q_new = q - lr * g_q.numpy()
-        k_new = k - lr * g_k.numpy()
+        q_new = q - lr * g_q
+        k_new = k - lr * g_k
         self.assertLess(float(term(q_new, k_new, q_mask, k_mask)), base)
         if method == "ct":
             # The navigator minimizes the transport cost too.
             for i, w in enumerate(weights):
                 if "navigator" in w.path:
-                    w.assign(old[i] - lr * grads[i].numpy())
+                    w.assign(old[i] - lr * grads[i])
             self.assertLess(float(term(q, k, q_mask, k_mask)), base)
 
     def test_non_saturating_gan_splits_the_two_players_losses(self):
-        if keras.backend.backend() != "tensorflow":
-            self.skipTest("Uses tf.GradientTape.")
-        import tensorflow as tf
-
         q, k, q_mask, k_mask = projected(5, shift=1.0)
         term = KQAlignment(method="gan", weight=1.0, gan_loss="non_saturating")
-        (g_q, g_k), weights, grads = tf_grads(term, q, k, q_mask, k_mask)
+        (g_q, g_k), weights, grads = term_grads(term, q, k, q_mask, k_mask)
 
         def likelihood(q, k, sign):
             # Mean over (example, head) of E_q log s(sign l_q)
@@ -150,20 +218,18 @@ class KQAlignmentTest(TestCase):
             return ops.mean(term._log_likelihood(*logits, qp, kp, sign))
 
         # The discriminator's gradient is its own loss's, -L(q, k) ...
-        with tf.GradientTape() as tape:
-            d_loss = -likelihood(q, k, 1.0)
-        for got, want in zip(grads, tape.gradient(d_loss, weights)):
-            self.assertAllClose(got, want, atol=1e-6)
+        _, want = value_and_grads(lambda: -likelihood(q, k, 1.0), [], weights)
+        for got, expected in zip(grads, want):
+            self.assertAllClose(got, expected, atol=1e-6)
         # ... and the projections' gradient is the swapped-label loss's.
-        q_var, k_var = tf.Variable(q), tf.Variable(k)
-        with tf.GradientTape() as tape:
-            g_loss = -likelihood(q_var, k_var, -1.0)
-        want_q, want_k = tape.gradient(g_loss, [q_var, k_var])
+        g_loss, (want_q, want_k) = value_and_grads(
+            lambda q, k: -likelihood(q, k, -1.0), [q, k], []
+        )
         self.assertAllClose(g_q, want_q, atol=1e-6)
         self.assertAllClose(g_k, want_k, atol=1e-6)
-        self.assertGreater(float(ops.max(ops.abs(g_q))), 0.0)
+        self.assertGreater(float(np.max(np.abs(g_q))), 0.0)
         # The projections' loss is bounded below by 0; the minimax is not.
-        self.assertGreater(float(g_loss), 0.0)
+        self.assertGreater(g_loss, 0.0)
 
     def test_adversary_per_head_has_one_kernel_per_head(self):
         q, k, _, _ = projected(6)
@@ -320,16 +386,19 @@ class KQAlignmentTest(TestCase):
         with self.assertRaisesRegex(ValueError, "heads of size 4"):
             term(np.zeros((2, 6, 3, 6), "float32"), np.zeros((2, 7, 3, 6)))
 
-    def test_plain_multi_head_attention_through_kq_projections(self):
+    @parameterized.parameters("mmd", "ct")
+    def test_plain_multi_head_attention_through_kq_projections(self, method):
         class Model(keras.Model):
             def __init__(self):
                 super().__init__()
                 self.mha = keras.layers.MultiHeadAttention(2, 4)
-                self.alignment = KQAlignment(method="mmd", weight=1.0)
+                self.alignment = KQAlignment(method=method, weight=1.0)
 
             def call(self, x, training=None):
-                if training:
-                    self.alignment(*kq_projections(self.mha, x))
+                # Not under `if training:` (see `kq_projections`): the
+                # adversary's weights (ct) must exist before `fit` builds
+                # the optimizer, or JAX and PyTorch raise.
+                self.alignment(*kq_projections(self.mha, x))
                 return self.mha(x, x)
 
         x = np.random.default_rng(10).normal(size=(2, 5, 8)).astype("float32")
@@ -340,6 +409,13 @@ class KQAlignmentTest(TestCase):
             "kq_alignment" in history.history,
             keras.config.backend() != "jax",
         )
+        # The adversary is among the trained variables.
+        self.assertLen(
+            model.trainable_variables,
+            8 + len(model.alignment.trainable_variables),
+        )
+        if method != "mmd":
+            return
         q, k = (ops.convert_to_numpy(t) for t in kq_projections(model.mha, x))
         want = np.mean(
             [
@@ -468,6 +544,58 @@ class _FreeClouds(keras.layers.Layer):
 
 
 class AlignmentTrainingTest(TestCase):
+    @parameterized.parameters(
+        ("gan", True), ("gan", False), ("ct", True), ("ct", False)
+    )
+    def test_shared_term_in_compiled_fit_step(self, method, jit_compile):
+        # One term shared by two layers, one optimizer step of the
+        # backend's own trainer: the loss is the sum of the two layers'
+        # values, the adversary ascends it, the clouds and the navigator
+        # descend it.
+        if jit_compile and keras.backend.backend() == "torch":
+            self.skipTest("torch.compile takes about 30 s here.")
+        rng = np.random.default_rng(18)
+        keras.utils.set_random_seed(18)
+        term = KQAlignment(method=method, weight=1.0)
+        layers = [
+            _FreeClouds(
+                term,
+                rng.normal(size=(2, 5, 2, 4)).astype("float32"),
+                (rng.normal(size=(2, 5, 2, 4)) + 1.0).astype("float32"),
+            )
+            for _ in range(2)
+        ]
+        inputs = keras.Input((1,))
+        model = keras.Model(inputs, layers[1](layers[0](inputs)))
+        model.compile(keras.optimizers.SGD(1e-2), jit_compile=jit_compile)
+        variables = model.trainable_variables
+        self.assertLen({id(v) for v in variables}, len(variables))
+        self.assertLen(variables, 4 + len(term.trainable_variables))
+
+        def total():
+            return sum(float(term(c.queries, c.keys)) for c in layers)
+
+        old = [np.array(ops.convert_to_numpy(v)) for v in variables]
+        base = total()
+        logs = model.train_on_batch(np.zeros((1, 1)), return_dict=True)
+        self.assertAllClose(logs["loss"], base, atol=1e-5)
+        new = [np.array(ops.convert_to_numpy(v)) for v in variables]
+        players = {
+            "adversary": (1.0, lambda p: "critic" in p or "discrim" in p),
+            "navigator": (-1.0, lambda p: "navigator" in p),
+            "clouds": (-1.0, lambda p: term.name not in p),
+        }
+        for player, (sign, owns) in players.items():
+            mine = [owns(v.path) for v in variables]
+            if not any(mine):
+                continue
+            for v, before, after, moved in zip(variables, old, new, mine):
+                v.assign(after if moved else before)
+            change = total() - base
+            self.assertGreater(sign * change, 0.0, f"{player}: {change}")
+        for v, before in zip(variables, old):
+            v.assign(before)
+
     @parameterized.parameters(
         ("gan", "minimax"),
         ("gan", "non_saturating"),

@@ -62,7 +62,18 @@ class GradientReversalTest(TestCase):
         self.assertEqual(y.dtype, np.float16)
         np.testing.assert_array_equal(y, x)
 
-    @parameterized.parameters("one", True, None)
+    @parameterized.parameters("one", True, None, float("nan"), float("inf"))
     def test_invalid_beta(self, beta):
+        # A non-finite beta made the forward pass nan (nan * 0).
         with self.assertRaisesRegex(ValueError, "beta"):
             gradient_reversal(np.ones(2, "float32"), beta)
+
+    def test_numpy_scalar_beta(self):
+        x = np.array([0.5, -1.5, 2.0], "float32")
+        y, grad = value_and_grad(
+            lambda v: gradient_reversal(v, np.float32(0.5)),
+            x,
+            np.ones(3, "float32"),
+        )
+        self.assertAllClose(y, x)
+        self.assertAllClose(grad, -0.5 * np.ones(3))

@@ -105,14 +105,35 @@ class SinkhornTest(TestCase):
         )
         self.assertTrue(np.all(np.diff(costs) > 0), costs)
 
+    def test_non_finite_masked_costs_have_no_influence(self):
+        x, y = clouds(6, 6, 5)
+        cost = ops.convert_to_numpy(transport.squared_euclidean_cost(x, y))
+        row_mask = np.array([1, 1, 0, 1, 1, 0], bool)
+        col_mask = np.array([1, 0, 1, 1, 1], bool)
+        valid = row_mask[:, None] & col_mask[None, :]
+        want = transport.sinkhorn_cost(cost, 0.05, 30, row_mask, col_mask)
+        for fill in (np.inf, np.nan):
+            bad = np.where(valid, cost, fill).astype("float32")
+            got = transport.sinkhorn_cost(bad, 0.05, 30, row_mask, col_mask)
+            self.assertAllClose(got, want, atol=1e-6, msg=f"{fill}")
+
     @parameterized.named_parameters(
         ("epsilon", {"epsilon": 0.0}, "epsilon"),
+        ("epsilon_nan", {"epsilon": float("nan")}, "epsilon"),
+        ("epsilon_inf", {"epsilon": float("inf")}, "epsilon"),
         ("iterations", {"iterations": 0}, "iterations"),
         ("iterations_float", {"iterations": 2.5}, "iterations"),
     )
     def test_invalid_arguments(self, kwargs, name):
         with self.assertRaisesRegex(ValueError, name):
             transport.sinkhorn_plan(np.zeros((2, 2), "float32"), **kwargs)
+
+    def test_numpy_scalar_arguments(self):
+        x, y = clouds(7, 4, 5)
+        cost = transport.squared_euclidean_cost(x, y)
+        got = transport.sinkhorn_plan(cost, np.float32(0.05), np.int64(12))
+        want = transport.sinkhorn_plan(cost, 0.05, 12)
+        self.assertAllClose(got, want)
 
 
 class ConditionalTransportTest(TestCase):
@@ -153,11 +174,35 @@ class ConditionalTransportTest(TestCase):
         yn = y / np.linalg.norm(y, axis=-1, keepdims=True)
         self.assertAllClose(cost, 1 - xn @ yn.T, atol=1e-6)
 
+    def test_non_finite_masked_costs_have_no_influence(self):
+        rng = np.random.default_rng(2)
+        cost = rng.uniform(size=(5, 6)).astype("float32")
+        logits = rng.normal(size=(5, 6)).astype("float32")
+        row_mask = np.array([1, 0, 1, 1, 0], bool)
+        col_mask = np.array([1, 1, 0, 1, 1, 0], bool)
+        valid = row_mask[:, None] & col_mask[None, :]
+        want = transport.conditional_transport_cost(
+            cost, logits, row_mask, col_mask
+        )
+        for fill in (np.inf, np.nan):
+            got = transport.conditional_transport_cost(
+                np.where(valid, cost, fill).astype("float32"),
+                np.where(valid, logits, fill).astype("float32"),
+                row_mask,
+                col_mask,
+            )
+            self.assertAllClose(got, want, atol=1e-6, msg=f"{fill}")
+
     def test_invalid_rho(self):
         with self.assertRaisesRegex(ValueError, "rho"):
             transport.conditional_transport_cost(
                 np.zeros((2, 2)), np.zeros((2, 2)), rho=1.5
             )
+        # NumPy scalars are floats too.
+        got = transport.conditional_transport_cost(
+            np.ones((2, 2), "float32"), np.zeros((2, 2)), rho=np.float32(0.3)
+        )
+        self.assertAllClose(got, 1.0)
 
 
 class GaussianMMDTest(TestCase):
@@ -185,14 +230,26 @@ class GaussianMMDTest(TestCase):
         x2 = np.where(x_mask[:, None], x, 1e3).astype("float32")
         again = transport.gaussian_mmd(x2, y, x_mask, y_mask)
         self.assertAllClose(again, got, atol=1e-7)
+        # Masked points may hold anything, non-finite values included.
+        for fill in (np.inf, np.nan, 1e30):
+            x3 = np.where(x_mask[:, None], x, fill).astype("float32")
+            y3 = np.where(y_mask[:, None], y, -fill).astype("float32")
+            again = transport.gaussian_mmd(x3, y3, x_mask, y_mask)
+            self.assertAllClose(again, got, atol=1e-7, msg=f"{fill}")
 
     def test_empty_cloud_gives_zero(self):
         x, y = clouds(3, 4, 4)
         got = transport.gaussian_mmd(x, y, x_mask=np.zeros(4, bool))
         self.assertAllClose(got, 0.0)
 
-    def test_invalid_bandwidth(self):
+    @parameterized.parameters(-1.0, float("nan"), float("inf"), "1")
+    def test_invalid_bandwidth(self, bandwidth):
         with self.assertRaisesRegex(ValueError, "bandwidth"):
             transport.gaussian_mmd(
-                np.zeros((2, 2)), np.zeros((2, 2)), None, None, -1.0
+                np.zeros((2, 2)), np.zeros((2, 2)), None, None, bandwidth
             )
+
+    def test_numpy_scalar_bandwidth(self):
+        x, y = clouds(4, 5, 7, shift=0.7)
+        got = transport.gaussian_mmd(x, y, bandwidth=np.float32(2.5))
+        self.assertAllClose(got, numpy_mmd(x, y, 2.5), atol=1e-6)
