@@ -30,15 +30,20 @@ def check_int(name, value, low=1, high=None):
 
 
 def check_float(name, value, low=0.0, low_inclusive=False):
-    """`value` as a finite Python float `> low` (`>= low` if inclusive)."""
+    """`value` as a finite Python float `> low` (`>= low` if inclusive;
+    `low=None`: any finite float)."""
     ok = not _is_bool(value) and isinstance(value, numbers.Real)
+    if ok and low is not None:
+        ok = value >= low if low_inclusive else value > low
     if ok:
-        above = value >= low if low_inclusive else value > low
-        ok = math.isfinite(value) and above
+        ok = math.isfinite(value)
     if not ok:
-        bound = f">= {low}" if low_inclusive else f"> {low}"
+        if low is None:
+            bound = ""
+        else:
+            bound = f" >= {low}" if low_inclusive else f" > {low}"
         raise ValueError(
-            f"`{name}` must be a finite float {bound}. "
+            f"`{name}` must be a finite float{bound}. "
             f"Received: {name}={value!r}"
         )
     return float(value)

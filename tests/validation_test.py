@@ -60,3 +60,13 @@ def test_check_seed():
     for bad in (1.0, True, "0"):
         with pytest.raises(ValueError, match="`seed` must be an int or None"):
             check_seed(bad)
+
+
+def test_check_float_without_lower_bound():
+    assert check_float("beta", np.float32(-2.5), low=None) == -2.5
+    assert type(check_float("beta", 0, low=None)) is float
+    for bad in (float("inf"), float("nan"), True, "1"):
+        with pytest.raises(
+            ValueError, match=r"`beta` must be a finite float\."
+        ):
+            check_float("beta", bad, low=None)

@@ -11,25 +11,15 @@ Forward, the bracket is exactly 0, so `y = x` bit for bit; backward only
 forward pass and overflows float16 for `|x| (1 + beta) > 65504`.
 """
 
-import math
-import numbers
-
-import numpy as np
 from keras import ops
+
+from keras_attnvariants.validation import check_float
 
 
 def _check_beta(beta):
     """`beta` as a Python float: finite (`nan * 0` made the forward pass
     nan), NumPy scalars accepted."""
-    if (
-        isinstance(beta, (bool, np.bool_))
-        or not isinstance(beta, numbers.Real)
-        or not math.isfinite(beta)
-    ):
-        raise ValueError(
-            f"`beta` must be a finite float. Received: beta={beta!r}"
-        )
-    return float(beta)
+    return check_float("beta", beta, low=None)
 
 
 def gradient_reversal(x, beta=1.0):

@@ -20,6 +20,15 @@ def _point_mask(mask, shape):
     return ops.broadcast_to(ops.cast(mask, "bool"), shape)
 
 
+def _pair_masks(matrix, row_mask, col_mask):
+    """`(rows, cols, valid)` of a `(..., n, m)` matrix: boolean `(..., n)`,
+    `(..., m)` and `(..., n, m)` (a valid row and a valid column)."""
+    shape = ops.shape(matrix)
+    rows = _point_mask(row_mask, shape[:-1])
+    cols = _point_mask(col_mask, shape[:-2] + shape[-1:])
+    return rows, cols, ops.logical_and(rows[..., :, None], cols[..., None, :])
+
+
 def uniform_marginal(mask):
     """Mask-weighted uniform weights `(..., n)`: `1 / count` on valid points.
 
@@ -102,11 +111,8 @@ def sinkhorn_plan(
     epsilon = check_float("epsilon", epsilon)
     iterations = check_int("iterations", iterations)
     cost = ops.cast(cost, "float32")
-    shape = ops.shape(cost)
-    rows = _point_mask(row_mask, shape[:-1])
-    cols = _point_mask(col_mask, shape[:-2] + shape[-1:])
     # valid: (..., n, m)
-    valid = ops.logical_and(rows[..., :, None], cols[..., None, :])
+    rows, cols, valid = _pair_masks(cost, row_mask, col_mask)
     if normalize_cost:
         scale = ops.max(
             ops.where(valid, ops.abs(cost), 0.0), axis=(-2, -1), keepdims=True
@@ -198,16 +204,9 @@ def sinkhorn_cost(
         normalize_cost=True,
     )
     # Masked pairs hold anything (inf, nan): zeroed, not multiplied by 0.
-    cost = ops.where(_valid_pairs(cost, row_mask, col_mask), cost, 0.0)
+    _, _, valid = _pair_masks(cost, row_mask, col_mask)
+    cost = ops.where(valid, cost, 0.0)
     return ops.sum(ops.stop_gradient(plan) * cost, axis=(-2, -1))
-
-
-def _valid_pairs(cost, row_mask, col_mask):
-    """Boolean `(..., n, m)`: the pairs of a valid row and a valid column."""
-    shape = ops.shape(cost)
-    rows = _point_mask(row_mask, shape[:-1])
-    cols = _point_mask(col_mask, shape[:-2] + shape[-1:])
-    return ops.logical_and(rows[..., :, None], cols[..., None, :])
 
 
 def conditional_transport_plans(logits, row_mask=None, col_mask=None):
@@ -227,10 +226,7 @@ def conditional_transport_plans(logits, row_mask=None, col_mask=None):
         `(forward, backward)`, float32 `(..., n, m)`, 0 on masked pairs.
     """
     logits = ops.cast(logits, "float32")
-    shape = ops.shape(logits)
-    rows = _point_mask(row_mask, shape[:-1])
-    cols = _point_mask(col_mask, shape[:-2] + shape[-1:])
-    valid = ops.logical_and(rows[..., :, None], cols[..., None, :])
+    _, _, valid = _pair_masks(logits, row_mask, col_mask)
     # Both directions in place (no transposes): softmax over j, then over i.
     logits = ops.where(valid, logits, MASK_FILL)
     return (
@@ -263,11 +259,8 @@ def conditional_transport_cost(
     if rho > 1.0:
         raise ValueError(f"`rho` must be in [0, 1]. Received: rho={rho}")
     cost = ops.cast(cost, "float32")
-    shape = ops.shape(cost)
-    rows = _point_mask(row_mask, shape[:-1])
-    cols = _point_mask(col_mask, shape[:-2] + shape[-1:])
+    rows, cols, valid = _pair_masks(cost, row_mask, col_mask)
     # Masked pairs hold anything (inf, nan): zeroed, not multiplied by 0.
-    valid = ops.logical_and(rows[..., :, None], cols[..., None, :])
     cost = ops.where(valid, cost, 0.0)
     forward, backward = conditional_transport_plans(logits, rows, cols)
     a = uniform_marginal(rows)
