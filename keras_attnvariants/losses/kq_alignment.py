@@ -456,11 +456,18 @@ class KQAlignment(AttentionLoss):
         )
 
     @staticmethod
-    def _highway_mlp(layers, x, frozen=False):
+    def _highway_mlp(layers, x, frozen=False, first=None):
+        """Highway then a 2-layer MLP with leaky ReLU on points `x`.
+
+        `first`: the gate and transform outputs, when the caller computed
+        them (with other layers' outputs in the same matmul).
+        """
         gate, transform, dense_1, dense_2 = layers
         # Highway: tau * relu(W_h x) + (1 - tau) * x; gate and transform
         # in one matmul.
-        gated, transformed = _dense_concatenated([gate, transform], x, frozen)
+        gated, transformed = first or _dense_concatenated(
+            [gate, transform], x, frozen
+        )
         tau = ops.sigmoid(gated)
         x = tau * ops.relu(transformed) + (1.0 - tau) * x
         return dense_2(ops.leaky_relu(dense_1(x, frozen=frozen)), frozen=frozen)
@@ -469,18 +476,28 @@ class KQAlignment(AttentionLoss):
         """`function` of flat points applied to a cloud `(B, G, P, d)`.
 
         `function` maps points `(M, d)` (shared adversary) or `(G, M, d)`
-        (one per head) to `(..., u)`; returns `(B, G, P, u)`.
+        (one per head) to `(..., u)`, or to a tuple of such; returns
+        `(B, G, P, u)` (or the tuple of them).
         """
         batch, groups, points, dim = ops.shape(x)
-        if self.adversary_per_head:
+        per_head = self.adversary_per_head
+        if per_head:
             flat = ops.reshape(
                 ops.transpose(x, (1, 0, 2, 3)), (groups, -1, dim)
             )
-            out = function(flat)
-            out = ops.reshape(out, (groups, batch, points, out.shape[-1]))
-            return ops.transpose(out, (1, 0, 2, 3))
-        out = function(ops.reshape(x, (-1, dim)))
-        return ops.reshape(out, (batch, groups, points, out.shape[-1]))
+        else:
+            flat = ops.reshape(x, (-1, dim))
+        outputs = function(flat)
+
+        def cloud(out):
+            if per_head:
+                out = ops.reshape(out, (groups, batch, points, out.shape[-1]))
+                return ops.transpose(out, (1, 0, 2, 3))
+            return ops.reshape(out, (batch, groups, points, out.shape[-1]))
+
+        if isinstance(outputs, (tuple, list)):
+            return tuple(cloud(out) for out in outputs)
+        return cloud(outputs)
 
     def _clouds(self, query, key, query_mask, key_mask):
         """Point clouds `(B, G, P, H)`, point masks and group weights."""
@@ -572,17 +589,25 @@ class KQAlignment(AttentionLoss):
             *held, q_points, k_points, 1.0
         ) - self._log_likelihood(*moved, q_points, k_points, -1.0)
 
+    def _ct_features(self, x):
+        """Navigator `t_phi(x)` and critic `t_eta(x)` of flat points; the
+        navigator's first layer shares one matmul with the critic's gate
+        and transform (same inputs)."""
+        gate, transform = self.critic[:2]
+        nav_hidden, gated, transformed = _dense_concatenated(
+            [self.navigator[0], gate, transform], x
+        )
+        navigator = self.navigator[1](ops.leaky_relu(nav_hidden))
+        critic = self._highway_mlp(self.critic, x, first=(gated, transformed))
+        return navigator, critic
+
     def _ct(self, q, k, q_points, k_points):
+        (nav_q, critic_q), (nav_k, critic_k) = self._on_both(
+            self._ct_features, q, k
+        )
         # logits: (B, G, P, P') = t_phi(q_i) . t_phi(k_j)
-        nav_q, nav_k = self._on_both(
-            lambda x: self.navigator[1](ops.leaky_relu(self.navigator[0](x))),
-            q,
-            k,
-        )
         logits = ops.einsum("bgid,bgjd->bgij", nav_q, nav_k)
-        cost = cosine_cost(
-            *self._on_both(lambda x: self._highway_mlp(self.critic, x), q, k)
-        )
+        cost = cosine_cost(critic_q, critic_k)
         return conditional_transport_cost(
             cost, logits, q_points, k_points, rho=self.rho
         )
