@@ -31,6 +31,104 @@ def numpy_mmd(x, y):
     return k(x, x) + k(y, y) - 2 * k(x, y)
 
 
+def numpy_weights(term, prefix, head=None):
+    """`{layer: (kernel, bias)}` of the term's `prefix_*` layers (the head's
+    slice when one per head)."""
+    out = {}
+    for w in term.weights:
+        layer, kind = w.path.split("/")[-2:]
+        if not layer.startswith(prefix):
+            continue
+        value = ops.convert_to_numpy(w).astype("float64")
+        if head is not None:
+            value = value[head]
+        out.setdefault(layer[len(prefix) + 1 :], {})[kind] = value
+    return {name: (d["kernel"], d["bias"]) for name, d in out.items()}
+
+
+def numpy_highway_mlp(weights, x):
+    def dense(name, v):
+        kernel, bias = weights[name]
+        return v @ kernel + bias
+
+    def leaky(v):
+        return np.where(v > 0, v, 0.2 * v)
+
+    tau = 1.0 / (1.0 + np.exp(-dense("gate", x)))
+    x = tau * np.maximum(dense("transform", x), 0.0) + (1.0 - tau) * x
+    return dense("dense_2", leaky(dense("dense_1", x)))
+
+
+def numpy_log_sigmoid(v):
+    return -np.logaddexp(0.0, -v)
+
+
+def numpy_kq(term, q, k, q_mask, k_mask):
+    """The term's value from its weights, per example and head (or token
+    position with `match_over='heads'`), in float64 NumPy."""
+    values = []
+    over_heads = term.match_over == "heads"
+    groups = q.shape[1] if over_heads else q.shape[2]
+    for b in range(q.shape[0]):
+        for g in range(groups):
+            if over_heads:
+                if not (q_mask[b, g] and k_mask[b, g]):
+                    continue
+                x, y = q[b, g], k[b, g]
+            else:
+                if not (q_mask[b].any() and k_mask[b].any()):
+                    continue
+                x, y = q[b, q_mask[b], g], k[b, k_mask[b], g]
+            x, y = x.astype("float64"), y.astype("float64")
+            head = g if term.adversary_per_head else None
+            if term.method == "gan":
+                w = numpy_weights(term, "discriminator", head)
+                l_x = numpy_highway_mlp(w, x)[:, 0]
+                l_y = numpy_highway_mlp(w, y)[:, 0]
+                real = numpy_log_sigmoid(l_x).mean()
+                fake = numpy_log_sigmoid(-l_y).mean()
+                value = real + fake
+                if term.gan_loss == "non_saturating":
+                    swapped = (
+                        numpy_log_sigmoid(-l_x).mean()
+                        + numpy_log_sigmoid(l_y).mean()
+                    )
+                    value = -value - swapped
+            else:  # ct
+                critic = numpy_weights(term, "critic", head)
+                nav = numpy_weights(term, "navigator", head)
+
+                def navigate(v):
+                    hidden = v @ nav["dense_1"][0] + nav["dense_1"][1]
+                    hidden = np.where(hidden > 0, hidden, 0.2 * hidden)
+                    return hidden @ nav["dense_2"][0] + nav["dense_2"][1]
+
+                logits = navigate(x) @ navigate(y).T
+                c_x, c_y = numpy_highway_mlp(critic, x), numpy_highway_mlp(
+                    critic, y
+                )
+                c_x /= np.linalg.norm(c_x, axis=-1, keepdims=True)
+                c_y /= np.linalg.norm(c_y, axis=-1, keepdims=True)
+                cost = 1.0 - c_x @ c_y.T
+                forward = np.exp(logits - logits.max(1, keepdims=True))
+                forward /= forward.sum(1, keepdims=True)
+                backward = np.exp(logits - logits.max(0, keepdims=True))
+                backward /= backward.sum(0, keepdims=True)
+                value = term.rho * (forward * cost).sum(1).mean() + (
+                    1.0 - term.rho
+                ) * (backward * cost).sum(0).mean()
+            values.append(value)
+    return term.weight * np.mean(values)
+
+
+def randomize_weights(term, seed):
+    """Random kernels and biases (biases start at zero: a wrong bias layout
+    would go unnoticed)."""
+    rng = np.random.default_rng(seed)
+    for w in term.weights:
+        w.assign(rng.normal(size=w.shape).astype("float32") * 0.5)
+
+
 def value_and_grads(fn, tensors, variables):
     """`fn(*tensors)` and its gradients (NumPy) with respect to `tensors`
     then `variables`, on the current backend."""
@@ -99,6 +197,37 @@ class KQAlignmentTest(TestCase):
             ]
         )
         self.assertAllClose(got, 2.0 * want, atol=1e-6)
+
+    @parameterized.named_parameters(
+        ("gan", "gan", {}),
+        ("gan_per_head", "gan", {"adversary_per_head": True}),
+        ("gan_over_heads", "gan", {"match_over": "heads"}),
+        ("gan_non_saturating", "gan", {"gan_loss": "non_saturating"}),
+        (
+            "gan_non_saturating_per_head",
+            "gan",
+            {"gan_loss": "non_saturating", "adversary_per_head": True},
+        ),
+        ("ct", "ct", {}),
+        ("ct_per_head", "ct", {"adversary_per_head": True, "rho": 0.3}),
+        ("ct_over_heads", "ct", {"match_over": "heads"}),
+        ("ct_hidden_dim", "ct", {"hidden_dim": 5}),
+    )
+    def test_adversarial_methods_match_numpy(self, method, kwargs):
+        # The value from the term's own (random) weights, recomputed per
+        # example and head in NumPy: checks the point layouts, the heads'
+        # kernels, the fused gate/transform/navigator matmul and masks.
+        q, k, q_mask, k_mask = projected(11, shift=0.3)
+        if kwargs.get("match_over") == "heads":
+            k = np.random.default_rng(12).normal(size=q.shape)
+            k = k.astype("float32")
+            k_mask = q_mask
+        term = KQAlignment(method=method, weight=0.5, **kwargs)
+        term(q, k, q_mask, k_mask)
+        randomize_weights(term, 13)
+        got = float(term(q, k, q_mask, k_mask))
+        want = numpy_kq(term, q, k, q_mask, k_mask)
+        self.assertAllClose(got, want, rtol=1e-5, atol=1e-6)
 
     @parameterized.parameters("ot", "mmd")
     def test_near_zero_for_identical_and_grows_with_separation(self, method):
