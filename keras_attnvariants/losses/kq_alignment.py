@@ -40,7 +40,7 @@ def kq_projections(mha, query, key=None):
     PyTorch. The two private members are listed in
     `tests/layers/mha_contract_test.py`. For a functional model, prefer
     `HybridAttention(hybrid_init=0.0)` with `attention_losses` (exactly
-    MHA, see `docs/kq_alignment.md`).
+    MHA, see the README, "Key/query alignment").
 
     Args:
         mha: a built or unbuilt `keras.layers.MultiHeadAttention`.
