@@ -104,8 +104,9 @@ def numpy_kq(term, q, k, q_mask, k_mask):
                     return hidden @ nav["dense_2"][0] + nav["dense_2"][1]
 
                 logits = navigate(x) @ navigate(y).T
-                c_x, c_y = numpy_highway_mlp(critic, x), numpy_highway_mlp(
-                    critic, y
+                c_x, c_y = (
+                    numpy_highway_mlp(critic, x),
+                    numpy_highway_mlp(critic, y),
                 )
                 c_x /= np.linalg.norm(c_x, axis=-1, keepdims=True)
                 c_y /= np.linalg.norm(c_y, axis=-1, keepdims=True)
@@ -114,9 +115,10 @@ def numpy_kq(term, q, k, q_mask, k_mask):
                 forward /= forward.sum(1, keepdims=True)
                 backward = np.exp(logits - logits.max(0, keepdims=True))
                 backward /= backward.sum(0, keepdims=True)
-                value = term.rho * (forward * cost).sum(1).mean() + (
-                    1.0 - term.rho
-                ) * (backward * cost).sum(0).mean()
+                value = (
+                    term.rho * (forward * cost).sum(1).mean()
+                    + (1.0 - term.rho) * (backward * cost).sum(0).mean()
+                )
             values.append(value)
     return term.weight * np.mean(values)
 
