@@ -19,7 +19,20 @@ def fused_biased_attention(layer, query, key, value, mask, bias):
     applies the mask of the first batch element to every element, which
     would silently turn DNAS into softmax attention without padding. The
     JAX fallback (`jax.nn.dot_product_attention`, XLA) honors both.
+
+    Under float16 the kernel runs in float32, like `attention_logits`:
+    float16 logits (and the DNAS bias `-logsumexp_i s_ij`) overflow above
+    65504 and lose the precision the bias needs long before that (a 35%
+    output error at logits near 2e4, NaN above 65504).
+
+    Returns:
+        `(B, T, N, H)` in `value`'s dtype.
     """
+    out_dtype = value.dtype
+    if keras.backend.standardize_dtype(query.dtype) == "float16":
+        query, key, value = (
+            ops.cast(t, "float32") for t in (query, key, value)
+        )
     kernel_mask = mask
     if bias is not None:
         bias = ops.cast(bias, query.dtype)
@@ -41,6 +54,7 @@ def fused_biased_attention(layer, query, key, value, mask, bias):
         scale=layer._inverse_sqrt_key_dim,
         flash_attention=flash,
     )
+    output = ops.cast(output, out_dtype)
     if mask is None:
         return output
     # row_valid: (B, T, 1, 1); fused kernels spread empty rows uniformly.
@@ -48,6 +62,15 @@ def fused_biased_attention(layer, query, key, value, mask, bias):
         ops.any(mask, axis=-1, keepdims=True), (0, 2, 1, 3)
     )
     return ops.where(row_valid, output, ops.zeros_like(output))
+
+
+def fused_kernel_takes(key, value):
+    """Whether `ops.dot_product_attention` takes these head sizes.
+
+    JAX's (`jax.nn.dot_product_attention`) needs `value_dim == key_dim` and
+    raised for any other; the layers then use the explicit path.
+    """
+    return keras.config.backend() != "jax" or value.shape[-1] == key.shape[-1]
 
 
 def key_bias(layer, query, key, mask):
@@ -130,7 +153,7 @@ class DoublyNormalizedAttention(VariantAttention):
         return doubly_normalized_attend(scores, value, mask)
 
     def fused_attention(self, query, key, value, mask):
-        if self.iterations != 1:
+        if self.iterations != 1 or not fused_kernel_takes(key, value):
             return None
         bias = key_bias(self, query, key, mask)
         return fused_biased_attention(self, query, key, value, mask, bias)

@@ -1,10 +1,16 @@
 """`HybridAttention`: a learned per-head mix of softmax and DNAS."""
 
+import numbers
+
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attnvariants.layers.doubly_normalized_attention import (
     fused_biased_attention,
+)
+from keras_attnvariants.layers.doubly_normalized_attention import (
+    fused_kernel_takes,
 )
 from keras_attnvariants.layers.doubly_normalized_attention import key_bias
 from keras_attnvariants.layers.variant_attention import VariantAttention
@@ -80,8 +86,9 @@ class HybridAttention(VariantAttention):
     def __init__(
         self, num_heads, key_dim, hybrid_init=0.5, iterations=1, **kwargs
     ):
-        if isinstance(hybrid_init, bool) or not isinstance(
-            hybrid_init, (int, float)
+        # NumPy scalars too: `np.float32(0.5)` is no Python `float`.
+        if isinstance(hybrid_init, (bool, np.bool_)) or not isinstance(
+            hybrid_init, numbers.Real
         ):
             raise ValueError(
                 "`hybrid_init` must be a float in [0, 1]. "
@@ -131,7 +138,7 @@ class HybridAttention(VariantAttention):
         return hybrid_attend(scores, value, self._mix(), mask)
 
     def fused_attention(self, query, key, value, mask):
-        if self.iterations != 1:
+        if self.iterations != 1 or not fused_kernel_takes(key, value):
             return None
         bias = key_bias(self, query, key, mask)
         dnas = fused_biased_attention(self, query, key, value, mask, bias)

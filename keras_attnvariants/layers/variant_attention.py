@@ -1,7 +1,12 @@
 """`VariantAttention`: the shared base of this package's attention layers."""
 
+import numbers
+
 import keras
+import numpy as np
 from keras import ops
+from keras.src.backend.common.masking import get_keras_mask
+from keras.src.backend.common.masking import set_keras_mask
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from keras_attnvariants.losses.attention_loss import AttentionLoss
@@ -67,6 +72,28 @@ def check_attention_inputs(query, value, key=None):
             )
 
 
+def check_padding_mask(name, mask, tensor):
+    """`ValueError` unless `mask` is `(batch, length)` for `tensor`
+    `(batch, length, dim)` (a batch of 1 broadcasts); `None` and unknown
+    sizes pass. Keras MHA expands such a mask to `(B, T, 1)` or `(B, 1, S)`
+    and merges it with the others, so a wrong one was broadcast silently
+    or failed later in a backend op."""
+    if mask is None:
+        return
+    expected = (tensor.shape[0], tensor.shape[1])
+    shape = tuple(mask.shape)
+    valid = len(shape) == 2 and (
+        None in (shape[0], expected[0]) or shape[0] in (1, expected[0])
+    )
+    if valid and None not in (shape[1], expected[1]):
+        valid = shape[1] == expected[1]
+    if not valid:
+        raise ValueError(
+            f"`{name}` must be a boolean tensor of shape (batch, length) = "
+            f"{expected}. Received: {name} with shape {shape}"
+        )
+
+
 def serialize_attention_loss(term):
     """`term`'s config, tagged so that one term shared by layers stays one.
 
@@ -96,7 +123,10 @@ class VariantAttention(keras.layers.MultiHeadAttention):
     and adds:
 
     - Mask validation: `attention_mask` must be broadcastable to
-      `(B, T, S)`; anything else raises `ValueError`.
+      `(B, T, S)`, `query_mask` be `(B, T)` and `value_mask` and `key_mask`
+      `(B, S)`; anything else raises `ValueError`, checked before the
+      masks are merged. The Keras masks of the inputs are left in place
+      (Keras MHA clears them).
     - `self_attention_padding`: in self-attention, a key that no query may
       attend is treated as a padded query too. keras-hub encoders mask only
       keys; with this set, padded queries stay out of every normalization
@@ -153,11 +183,18 @@ class VariantAttention(keras.layers.MultiHeadAttention):
                 f"Received: attention_path={attention_path!r}"
             )
         dropout = kwargs.get("dropout", 0.0)
-        if not 0.0 <= dropout < 1.0:
+        # Numbers only: a string or None failed with a `TypeError` here.
+        if (
+            isinstance(dropout, (bool, np.bool_))
+            or not isinstance(dropout, numbers.Real)
+            or not 0.0 <= dropout < 1.0
+        ):
             raise ValueError(
                 "`dropout` must be a float in [0, 1). "
-                f"Received: dropout={dropout}"
+                f"Received: dropout={dropout!r}"
             )
+        # A Python float, so that the config stays JSON.
+        kwargs["dropout"] = float(dropout)
         losses = list(attention_losses or [])
         for term in losses:
             if not isinstance(term, AttentionLoss):
@@ -192,6 +229,9 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         # The full MHA signature: Keras fills `*_mask` from input masks only
         # for arguments that `call` names.
         check_attention_inputs(query, value, key)
+        self._check_call_masks(
+            query, value, key, query_mask, value_mask, key_mask, attention_mask
+        )
         if use_causal_mask and not self.supports_causal:
             raise ValueError(
                 f"{type(self).__name__} is not causal: "
@@ -204,24 +244,70 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             # Keras mask, which MHA also applies, is merged twice, harmlessly.
             query_mask = ops.expand_dims(ops.cast(query_mask, "bool"), -1)
             attention_mask = merge_masks(attention_mask, query_mask)
-        return super().call(
-            query,
-            value,
-            key=key,
-            query_mask=query_mask,
-            value_mask=value_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
-            return_attention_scores=return_attention_scores,
-            training=training,
-            use_causal_mask=use_causal_mask,
-        )
+        # Keras MHA (3.15) clears the Keras masks of its input tensors in
+        # place, so another layer fed the same tensor (a second attention
+        # layer on one embedding, or this one called again) ran unmasked and
+        # its real tokens attended padding. They are put back afterwards.
+        input_masks = [
+            (tensor, get_keras_mask(tensor))
+            for tensor in (query, value, key)
+            if tensor is not None
+        ]
+        try:
+            return super().call(
+                query,
+                value,
+                key=key,
+                query_mask=query_mask,
+                value_mask=value_mask,
+                key_mask=key_mask,
+                attention_mask=attention_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+                use_causal_mask=use_causal_mask,
+            )
+        finally:
+            for tensor, mask in input_masks:
+                if mask is not None:
+                    set_keras_mask(tensor, mask)
+
+    def _check_call_masks(
+        self,
+        query,
+        value,
+        key,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+    ):
+        """`ValueError` for a mask argument of the wrong shape.
+
+        Checked before any merge: Keras MHA ANDs the masks together, which
+        broadcast a wrong-rank `attention_mask` (e.g. `(B, S)` when
+        `B == T`) into a valid-looking `(B, T, S)` one.
+        """
+        key_or_value = value if key is None else key
+        if attention_mask is not None:
+            self._check_attention_mask(attention_mask, query, key_or_value)
+        check_padding_mask("query_mask", query_mask, query)
+        check_padding_mask("value_mask", value_mask, value)
+        check_padding_mask("key_mask", key_mask, key_or_value)
 
     def compute_output_spec(
         self, query, value, key=None, return_attention_scores=False, **kwargs
     ):
         # kwargs: the masks, `training` and `use_causal_mask` of `call`.
         check_attention_inputs(query, value, key)
+        self._check_call_masks(
+            query,
+            value,
+            key,
+            kwargs.get("query_mask"),
+            kwargs.get("value_mask"),
+            kwargs.get("key_mask"),
+            kwargs.get("attention_mask"),
+        )
         output = super().compute_output_spec(
             query, value, key, return_attention_scores=False
         )
