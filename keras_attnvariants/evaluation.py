@@ -42,7 +42,11 @@ def expected_calibration_error(probabilities, labels, num_bins=15):
     num_bins = check_int("num_bins", num_bins)
     confidence = probabilities.max(-1)
     correct = probabilities.argmax(-1) == labels
-    bins = np.minimum((confidence * num_bins).astype(int), num_bins - 1)
+    # Compared with the edges themselves: `floor(confidence * num_bins)`
+    # put e.g. 0.57 (56.99999999999999 with 100 bins) one bin too low.
+    edges = np.arange(num_bins + 1) / num_bins
+    bins = np.searchsorted(edges, confidence, side="right") - 1
+    bins = np.clip(bins, 0, num_bins - 1)
     ece = 0.0
     for b in range(num_bins):
         members = bins == b
@@ -108,8 +112,11 @@ def explained_away_fraction(
             `key_attention_totals`).
 
     Returns:
-        float in `[0, 1]`, over every (example, head, valid key).
+        float in `[0, 1]`, over every (example, head, valid key); NaN when
+        no key is valid.
     """
     totals = key_attention_totals(weights, key_mask, query_mask)
     valid = ~np.isnan(totals)
+    if not valid.any():
+        return float("nan")
     return float((totals[valid] < epsilon).mean())

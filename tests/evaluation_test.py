@@ -90,3 +90,20 @@ def test_explained_away_fraction_drops_padded_queries():
     assert frac == pytest.approx(1 / 2)
     totals = evaluation.key_attention_totals(weights, mask, query_mask=mask)
     np.testing.assert_allclose(totals[0, 0], [2.0, 0.0, np.nan])
+
+
+def test_ece_bins_follow_the_documented_edges():
+    # Bin b holds [b / num_bins, (b + 1) / num_bins). 0.57 * 100 rounds to
+    # 56.99999999999999, so 0.57 used to share bin 56 with 0.565.
+    probs = np.array([[0.57, 0.43], [0.565, 0.435]])
+    labels = np.array([0, 1])
+    want = 0.5 * (1 - 0.57) + 0.5 * 0.565  # two bins, one example each
+    got = evaluation.expected_calibration_error(probs, labels, num_bins=100)
+    assert got == pytest.approx(want)
+
+
+def test_explained_away_fraction_nan_without_valid_keys():
+    # No valid key: the mean of nothing warned (an error under pytest).
+    weights = np.ones((1, 1, 2, 2))
+    mask = np.zeros((1, 2), bool)
+    assert np.isnan(evaluation.explained_away_fraction(weights, mask))

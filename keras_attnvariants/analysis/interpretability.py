@@ -28,6 +28,11 @@ def attention_importance(attentions, mask=None, query_mask=None):
     Returns:
         float32 NumPy array `(B, S)`.
     """
+    if not len(attentions):
+        raise ValueError(
+            "`attentions` must be a non-empty list of per-layer weights. "
+            f"Received: attentions={attentions}"
+        )
     total = 0.0
     for z in attentions:
         z = np.asarray(ops.convert_to_numpy(ops.cast(z, "float32")))
@@ -75,6 +80,12 @@ def gradient_importance(predict, embeddings):
         # Each example's gradient is that of its own top logit: the examples
         # are independent, so the sum's gradient holds all of them.
         logits = ops.cast(predict(h), "float32")
+        if len(logits.shape) != 2:
+            # A (B,) output would make the max below run over the batch.
+            raise ValueError(
+                "`predict` must return logits `(batch, classes)`. "
+                f"Received: shape={tuple(logits.shape)}"
+            )
         return ops.sum(ops.max(logits, axis=-1))
 
     backend = keras.backend.backend()

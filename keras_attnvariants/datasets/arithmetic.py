@@ -58,7 +58,7 @@ def multiview_arithmetic(num_examples, max_depth=3, seed=None):
         num_examples: int >= 1. Number of expressions.
         max_depth: int >= 1. Depths run over `1..max_depth`, evenly spread
             (counts differ by at most one, shuffled). Defaults to `3`.
-        seed: int or `None`. NumPy seed. Defaults to `None`.
+        seed: int >= 0 or `None`. NumPy seed. Defaults to `None`.
 
     Returns:
         dict of NumPy arrays of length `num_examples`: `infix` and
@@ -72,6 +72,8 @@ def multiview_arithmetic(num_examples, max_depth=3, seed=None):
     """
     num_examples = check_int("num_examples", num_examples)
     max_depth = check_int("max_depth", max_depth)
+    if seed is not None:
+        seed = check_int("seed", seed, low=0)
     rng = np.random.default_rng(seed)
     depths = np.arange(num_examples) % max_depth + 1
     rng.shuffle(depths)

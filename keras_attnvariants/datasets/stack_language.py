@@ -56,7 +56,7 @@ def stack_language(num_examples, length=30, seed=None):
         num_examples: int >= 1.
         length: int >= 2. Tokens per sequence (thesis: 30). Defaults to
             `30`.
-        seed: int or `None`. NumPy seed. Defaults to `None`.
+        seed: int >= 0 or `None`. NumPy seed. Defaults to `None`.
 
     Returns:
         dict: `tokens` int32 `(num_examples, length)`; `dependencies` bool
@@ -66,6 +66,8 @@ def stack_language(num_examples, length=30, seed=None):
     """
     num_examples = check_int("num_examples", num_examples)
     length = check_int("length", length, low=2)
+    if seed is not None:
+        seed = check_int("seed", seed, low=0)
     rng = np.random.default_rng(seed)
     tokens = np.array(
         [_sequence(rng, length) for _ in range(num_examples)], "int32"

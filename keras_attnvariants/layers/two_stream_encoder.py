@@ -124,6 +124,7 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
                 "Received: receptive_field_reduction="
                 f"{receptive_field_reduction!r}"
             )
+        temperature = check_float("temperature", temperature)
         receptive_field_coefficient = check_float(
             "receptive_field_coefficient",
             receptive_field_coefficient,

@@ -45,6 +45,11 @@ def receptive_fields(attentions, mask=None):
         float32 `(B, T, T)` in `[0, 1]`; `[b, i, j]` is the dependence of
         position `i` on token `j`. Rows and columns of padded tokens are 0.
     """
+    if not len(attentions):
+        raise ValueError(
+            "`attentions` must be a non-empty list of per-layer weights "
+            f"`(B, N, T, T)` or `(B, T, T)`. Received: attentions={attentions}"
+        )
     first = ops.cast(attentions[0], "float32")
     length = ops.shape(first)[-1]
     valid = _token_mask(mask, first[:, 0] if len(first.shape) == 4 else first)
@@ -93,6 +98,13 @@ def precision_recall(predicted, target, mask=None):
     """
     predicted = ops.cast(predicted, "float32")
     target = ops.cast(target, "float32")
+    shapes = tuple(predicted.shape), tuple(target.shape)
+    if len(shapes[0]) != 3 or shapes[0] != shapes[1]:
+        raise ValueError(
+            "`predicted` and `target` must both be `(B, T, T)` booleans of "
+            f"the same shape. Received: predicted.shape={shapes[0]}, "
+            f"target.shape={shapes[1]}"
+        )
     if mask is not None:
         weight = ops.cast(mask, "float32")
         predicted = predicted * weight

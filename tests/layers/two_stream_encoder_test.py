@@ -203,3 +203,12 @@ class TwoStreamEncoderTest(TestCase):
         loss = model.train_on_batch([TOKENS, TOKENS], target)
         mse = np.mean(np.square(model.predict([TOKENS, TOKENS], verbose=0)))
         self.assertAllClose(loss, mse + 2 * per_call, atol=1e-4)
+
+    def test_invalid_temperature_names_the_argument(self):
+        # None raised float()'s TypeError, a string a ValueError that did
+        # not name the argument.
+        for bad in (None, "a", 0.0, float("nan"), True):
+            with self.assertRaisesRegex(
+                ValueError, r"`temperature` must be .*Received: temperature="
+            ):
+                TwoStreamEncoder(10, 5, 1, temperature=bad)
