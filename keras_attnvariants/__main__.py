@@ -1,9 +1,12 @@
 """Command line: `python -m keras_attnvariants demo [--quick | --full]`."""
 
 import argparse
+import os
 import sys
 
 COMMANDS = ("demo",)
+# NumPy's legacy seeding and `keras.utils.set_random_seed` take 32 bits.
+MAX_SEED = 2**32 - 1
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -29,9 +32,30 @@ def variant_list(text):
     return tuple(names)
 
 
+def folder_problem(path):
+    """Why the demo could not create or write `path` as a folder, or `None`.
+
+    The demo writes its outputs and its SavedModel after training, so a file
+    in the way must be caught before the minutes of fine-tuning.
+    """
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing!r} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing!r} is not writable"
+    return None
+
+
 def folder(text):
     if not text.strip():
         raise argparse.ArgumentTypeError("must name a folder, got ''")
+    problem = folder_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(
+            f"must name a folder, got {text!r}: {problem}"
+        )
     return text
 
 
@@ -73,7 +97,10 @@ def parse(argv):
         help="SavedModel folder (default saved_models/demo_best)",
     )
     demo.add_argument(
-        "--seed", type=int, default=0, help="data seed (int >= 0)"
+        "--seed",
+        type=int,
+        default=0,
+        help=f"data seed (int in [0, {MAX_SEED}])",
     )
     demo.add_argument(
         "--jit-compile", action="store_true", help="compile steps with XLA"
@@ -81,9 +108,11 @@ def parse(argv):
     args = parser.parse_args(argv)
     if args.command is None:
         parser.error(f"missing command; choose from {', '.join(COMMANDS)}")
-    # NumPy's generators take seeds >= 0 only.
-    if args.command == "demo" and args.seed < 0:
-        demo.error(f"argument --seed: must be an int >= 0, got {args.seed}")
+    if args.command == "demo" and not 0 <= args.seed <= MAX_SEED:
+        demo.error(
+            f"argument --seed: must be an int >= 0 and <= {MAX_SEED}, "
+            f"got {args.seed}"
+        )
     return args
 
 

@@ -347,11 +347,36 @@ def run(
     jit_compile=False,
     export_dir=None,
 ):
-    """Runs the demo; returns the summary dict also written to output."""
-    from keras_attnvariants import distribute
+    """Runs the demo; returns the summary dict also written to output.
 
+    Raises:
+        ValueError: for an unknown `size`, an unknown or repeated variant or
+            a `seed` outside `[0, 2**32 - 1]`, before anything runs.
+        OSError: if `output` or `export_dir` cannot be created as folders,
+            also before any training.
+    """
+    from keras_attnvariants import distribute
+    from keras_attnvariants.validation import check_int
+
+    if size not in SIZES:
+        raise ValueError(
+            f"`size` must be one of {', '.join(SIZES)}. Received: size={size!r}"
+        )
+    variants = tuple(variants)
+    unknown = [name for name in variants if name not in VARIANTS]
+    if not variants or unknown or len(set(variants)) < len(variants):
+        # `convert` would have trained any unknown name as plain HNAS.
+        raise ValueError(
+            "`variants` must be distinct names from "
+            f"{', '.join(VARIANTS)}. Received: variants={variants!r}"
+        )
+    # The synthetic fallback seeds Keras with it: 32 bits.
+    seed = check_int("seed", seed, low=0, high=2**32 - 1)
     start = time.time()
     os.makedirs(output, exist_ok=True)
+    # Exporting comes after all the training: a file in the way fails now.
+    export_dir = export_dir or os.path.join("saved_models", "demo_best")
+    os.makedirs(export_dir, exist_ok=True)
     strategy = distribute.pick_strategy()
     print(
         f"[demo] backend {keras.config.backend()}, strategy "
@@ -369,7 +394,6 @@ def run(
     print("\n" + table)
     plots = save_plots(results, output, task["example"])
     best = max(results, key=lambda k: results[k]["accuracy"])
-    export_dir = export_dir or os.path.join("saved_models", "demo_best")
     diff = export_and_check(models[best], task, export_dir)
     parity = diff <= 1e-4
     print(

@@ -31,16 +31,31 @@ def _tensorflow():
 def split_cpu(num_devices):
     """Splits the host CPU into `num_devices` logical devices.
 
-    Must run before TensorFlow initializes its devices (before any op);
-    used to test multi-replica training on a CPU-only machine.
+    Must run before TensorFlow initializes its devices (before any op,
+    model or `pick_strategy()`); used to test multi-replica training on a
+    CPU-only machine. Calling it again with the same number is a no-op.
+
+    Raises:
+        ValueError: if `num_devices` is not an int >= 1.
+        RuntimeError: if TensorFlow's devices are already initialized with
+            another split.
     """
     tf = _tensorflow()
     num_devices = check_int("num_devices", num_devices)
     cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu,
-        [tf.config.LogicalDeviceConfiguration()] * num_devices,
-    )
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu,
+            [tf.config.LogicalDeviceConfiguration()] * num_devices,
+        )
+    except RuntimeError as error:
+        # TensorFlow's message names neither this function nor the fix.
+        raise RuntimeError(
+            "split_cpu() must run before TensorFlow initializes its devices "
+            "(before any op, model or pick_strategy()); they are already "
+            f"set up as {len(tf.config.list_logical_devices('CPU'))} "
+            f"logical CPU device(s). Received: num_devices={num_devices}"
+        ) from error
     return tf.config.list_logical_devices("CPU")
 
 
@@ -56,7 +71,13 @@ def pick_strategy(tpu=None, cpu_replicas=None):
         cpu_replicas: optional int. Without accelerators, use a
             `MirroredStrategy` over this many logical CPU devices (they must
             have been created with `split_cpu`), an int >= 1; `None` means
-            the default strategy.
+            the default strategy. Compile with `jit_compile=False` there:
+            XLA cannot run a MirroredStrategy over logical CPU devices
+            (the compiled step of replica 1 runs on CPU:0 and fails with
+            "Trying to access resource ... located in device CPU:1"; a
+            plain `keras.layers.Dense` model fails the same way, a known
+            XLA issue). Keras's default `jit_compile="auto"` already turns
+            XLA off under `tf.distribute`.
 
     Returns:
         A `tf.distribute.Strategy`.

@@ -93,3 +93,98 @@ def test_demo_key_totals_leave_out_padded_queries():
     np.testing.assert_allclose(
         result["column_sums"], np.concatenate(expected), rtol=1e-6
     )
+
+
+@pytest.mark.parametrize("flag", ["--output", "--export-dir"])
+@pytest.mark.parametrize("below", [False, True])
+def test_folder_flags_reject_a_file_in_the_way(flag, below, tmp_path, capsys):
+    # A file at (or above) the folder crashed the demo with a traceback:
+    # --output in os.makedirs, --export-dir only after every variant had
+    # been fine-tuned.
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    path = taken / "sub" if below else taken
+    with pytest.raises(SystemExit) as exit_info:
+        parse(["demo", flag, str(path)])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert f"{flag}: must name a folder" in lines[0]
+    assert f"{str(taken)!r} is a file, not a folder" in lines[0]
+
+
+def test_folder_flags_accept_new_nested_folders(tmp_path):
+    nested = str(tmp_path / "a" / "b")
+    args = parse(["demo", "--output", nested, "--export-dir", nested])
+    assert args.output == args.export_dir == nested
+
+
+def test_seed_above_32_bits_gives_one_line_error(capsys):
+    # The synthetic fallback seeds Keras with it, which takes 32 bits:
+    # --seed 4294967296 failed with a traceback after the data had loaded.
+    assert parse(["demo", "--seed", str(2**32 - 1)]).seed == 2**32 - 1
+    with pytest.raises(SystemExit) as exit_info:
+        parse(["demo", "--seed", str(2**32)])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--seed: must be an int >= 0" in lines[0]
+
+
+def test_demo_fallback_takes_the_largest_seed(monkeypatch):
+    pytest.importorskip("keras_hub")
+    from keras_attnvariants import demo
+    from keras_attnvariants.datasets import offline
+
+    monkeypatch.setattr(offline, "minilm_path", lambda: None)
+    task = demo.load_task("quick", 2**32 - 1)
+    assert task["backbone"]().num_layers == 2
+
+
+def _refuse_to_start(*args, **kwargs):
+    raise AssertionError("the demo started running")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        # Any unknown name was fine-tuned as plain HNAS.
+        ({"variants": ("dnass",)}, "variants"),
+        ({"variants": ("dnas", "dnas")}, "variants"),
+        ({"variants": "dnas"}, "variants"),
+        ({"variants": ()}, "variants"),
+        ({"size": "tiny"}, "size"),
+        ({"seed": 2**32}, "seed"),
+        ({"seed": -1}, "seed"),
+    ],
+)
+def test_demo_run_rejects_bad_arguments_before_running(
+    kwargs, message, tmp_path, monkeypatch
+):
+    from keras_attnvariants import demo
+    from keras_attnvariants import distribute
+
+    monkeypatch.setattr(distribute, "pick_strategy", _refuse_to_start)
+    arguments = {
+        "size": "quick",
+        "output": str(tmp_path / "out"),
+        "export_dir": str(tmp_path / "exported"),
+        **kwargs,
+    }
+    with pytest.raises(ValueError, match=message):
+        demo.run(**arguments)
+
+
+def test_demo_run_export_dir_in_the_way_fails_before_training(
+    tmp_path, monkeypatch
+):
+    # The Python API: the export came after every variant's fine-tuning.
+    from keras_attnvariants import demo
+    from keras_attnvariants import distribute
+
+    monkeypatch.setattr(distribute, "pick_strategy", _refuse_to_start)
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    with pytest.raises(FileExistsError):
+        demo.run(
+            size="quick", output=str(tmp_path / "out"), export_dir=str(taken)
+        )

@@ -132,3 +132,120 @@ def test_xla_training_under_mixed_bfloat16(name):
     assert np.all(np.isfinite(history.history["loss"]))
     layer = model.layers[2]
     assert layer.compute_dtype == "bfloat16"
+
+
+SPLIT_AFTER_START = """
+import json
+import tensorflow as tf
+from keras_attnvariants import distribute
+first = len(distribute.split_cpu(2))
+tf.constant(1.0)  # TensorFlow initializes its devices here.
+again = len(distribute.split_cpu(2))
+try:
+    distribute.split_cpu(3)
+    error = None
+except RuntimeError as e:
+    error = str(e)
+print(json.dumps([first, again, error]))
+"""
+
+
+@on_tf
+def test_split_cpu_after_tensorflow_started_names_the_fix():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run(
+        [sys.executable, "-c", SPLIT_AFTER_START],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, again, error = json.loads(out.stdout.splitlines()[-1])
+    assert first == again == 2
+    # TensorFlow's own message ("Virtual devices cannot be modified after
+    # being initialized") named neither split_cpu nor when to call it.
+    assert error.startswith("split_cpu() must run before TensorFlow")
+    assert "2 logical CPU device(s)" in error and "num_devices=3" in error
+
+
+GUMBEL_REPLICAS = """
+import json
+from keras_attnvariants import distribute
+distribute.split_cpu(2)
+import keras
+import numpy as np
+import tensorflow as tf
+import keras_attnvariants as kav
+from keras_attnvariants.testing import layer_zoo
+
+mirrored = distribute.pick_strategy(cpu_replicas=2)
+single = distribute.pick_strategy()
+x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
+
+
+def replica_outputs():
+    keras.utils.set_random_seed(5)
+    with mirrored.scope():
+        layer = kav.GumbelDiscreteAttention(2, 4, seed=3)
+        layer(x, x)
+    step = tf.function(
+        lambda: mirrored.run(lambda: layer(x, x, training=True))
+    )
+    return [np.asarray(o) for o in mirrored.experimental_local_results(step())]
+
+
+def history(name, strategy):
+    with strategy.scope():
+        model = layer_zoo.build_model(name)
+        model.compile(keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
+    data = layer_zoo.training_data()
+    return model.fit(
+        *data, batch_size=8, epochs=2, shuffle=False, verbose=0,
+        validation_data=data,
+    ).history
+
+
+first, second = replica_outputs(), replica_outputs()
+print(json.dumps({
+    "replicas_differ": float(np.abs(first[0] - first[1]).max()),
+    "rerun_differs": max(
+        float(np.abs(a - b).max()) for a, b in zip(first, second)
+    ),
+    "gumbel_fit": [history("gumbel_discrete_attention", mirrored)
+                   for _ in range(2)],
+    "guidance_single": history("dnas_with_guidance", single),
+    "guidance_mirrored": history("dnas_with_guidance", mirrored),
+}))
+"""
+
+
+@on_tf
+def test_mirrored_gumbel_noise_per_replica_and_metrics_per_term():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run(
+        [sys.executable, "-c", GUMBEL_REPLICAS],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.splitlines()[-1])
+    # Same input on both replicas: each draws its own noise...
+    assert result["replicas_differ"] > 1e-3
+    # ...and the same seeds give the same noise again, and the same fit.
+    assert result["rerun_differs"] == 0.0
+    first, second = result["gumbel_fit"]
+    assert first == second
+    # Terms added by layers, their own metrics and compiled metrics log the
+    # single-device values under MirroredStrategy (not a per-replica part
+    # or a sum over replicas).
+    single, mirrored = result["guidance_single"], result["guidance_mirrored"]
+    assert set(single) == set(mirrored)
+    assert {"loss", "guidance", "mae", "val_guidance"} <= set(single)
+    assert single["guidance"][0] > 0.0
+    for key in single:
+        np.testing.assert_allclose(
+            mirrored[key], single[key], rtol=1e-4, err_msg=key
+        )

@@ -12,13 +12,10 @@ last value of every metric logged under MirroredStrategy.
 import json
 import sys
 
+import keras
+
 from keras_attnvariants import distribute
-
-distribute.split_cpu(2)
-
-import keras  # noqa: E402
-
-from keras_attnvariants.testing import layer_zoo  # noqa: E402
+from keras_attnvariants.testing import layer_zoo
 
 
 def train(name, strategy, data):
@@ -49,4 +46,8 @@ def main(names):
 
 
 if __name__ == "__main__":
+    # Here, not at import: pytest's doctest collection imports this module,
+    # and a split at import reconfigured the whole test process's CPUs (or
+    # failed collection once TensorFlow had started).
+    distribute.split_cpu(2)
     main(sys.argv[1:] or sorted(layer_zoo.LAYERS))
