@@ -68,3 +68,20 @@ class MultiHeadAttentionContractTest(TestCase):
             ),
             ["self"],
         )
+
+    def test_mha_clears_its_inputs_keras_masks(self):
+        # `VariantAttention.call` puts the inputs' Keras masks back after
+        # `MultiHeadAttention.call` (Keras 3.15 sets them to None in place,
+        # so a second layer on the same tensor ran unmasked). Uses the
+        # private `get_keras_mask` / `set_keras_mask`; when Keras stops
+        # clearing the masks, the restore can go.
+        from keras.src.backend.common.masking import get_keras_mask
+        from keras.src.backend.common.masking import set_keras_mask
+
+        x = keras.ops.convert_to_tensor(np.ones((1, 3, 4), "float32"))
+        mask = keras.ops.convert_to_tensor(np.array([[True, True, False]]))
+        set_keras_mask(x, mask)
+        self.assertIs(get_keras_mask(x), mask)
+        layer = keras.layers.MultiHeadAttention(num_heads=1, key_dim=2)
+        layer(x, x)
+        self.assertIsNone(get_keras_mask(x))
