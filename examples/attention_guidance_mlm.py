@@ -39,23 +39,19 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attnvariants.layers.variant_attention import VariantAttention
-from keras_attnvariants.losses.attention_guidance import (
-    AttentionGuidanceRegularizer,
-)
-from keras_attnvariants.losses.attention_guidance import default_head_patterns
-from keras_attnvariants.ops.normalization import masked_softmax
+import keras_attnvariants as kav
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD, UNK, CLS, SEP, MASK = range(5)
 WORD = re.compile(r"[a-z]+|[0-9]+|[^\sa-z0-9]")
+MIN_WORDS = 8  # shortest window body kept by `build_windows`
 
 
-class SoftmaxAttention(VariantAttention):
+class SoftmaxAttention(kav.VariantAttention):
     """Standard softmax attention with the package's loss mechanism."""
 
     def normalize(self, scores, mask):
-        return masked_softmax(scores, mask)
+        return kav.ops.masked_softmax(scores, mask)
 
 
 def news_texts(max_articles):
@@ -84,7 +80,7 @@ def build_windows(texts, vocab_size, length):
         ids = [index.get(w, UNK) for w in tokens]
         for start in range(0, len(ids), body):
             chunk = ids[start : start + body]
-            if len(chunk) < 8:
+            if len(chunk) < MIN_WORDS:
                 continue
             row = [CLS] + chunk + [SEP]
             windows.append(row + [PAD] * (length - len(row)))
@@ -179,8 +175,8 @@ def train(args, vocab_size, inputs, labels, guided):
     keras.utils.set_random_seed(args.seed)
     regularizer = None
     if guided:
-        regularizer = AttentionGuidanceRegularizer(
-            default_head_patterns(args.heads, fraction=0.5),
+        regularizer = kav.AttentionGuidanceRegularizer(
+            kav.losses.default_head_patterns(args.heads, fraction=0.5),
             alpha=args.alpha,
             decay_steps=args.steps,
             reduction=args.reduction,
@@ -213,20 +209,49 @@ def smooth(values, window):
     return np.convolve(values, kernel, mode="valid")
 
 
-def main():
+def positive_int(text):
+    """argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text):
+    """argparse type: a float > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def non_negative_float(text):
+    """argparse type: a float >= 0."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+# Sizes of the full run and of --quick; flags given explicitly win.
+FULL = dict(steps=800, batch_size=32, layers=4, vocab_size=5000)
+QUICK = dict(steps=40, batch_size=16, layers=2, vocab_size=1000)
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CI size")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--layers", type=int, default=None)
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--length", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--vocab-size", type=int, default=None)
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--steps", type=positive_int)
+    parser.add_argument("--layers", type=positive_int)
+    parser.add_argument("--hidden", type=positive_int, default=64)
+    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--length", type=positive_int, default=32)
+    parser.add_argument("--batch-size", type=positive_int)
+    parser.add_argument("--vocab-size", type=positive_int)
+    parser.add_argument("--learning-rate", type=positive_float, default=1e-3)
     parser.add_argument(
         "--alpha",
-        type=float,
+        type=non_negative_float,
         default=10.0,
         help="alpha_0 (reference-code convention with --reduction mean; "
         "its default 10; 100 slowed MLM at this scale)",
@@ -237,11 +262,29 @@ def main():
         "--output-dir",
         default=os.path.join(tempfile.gettempdir(), "attention_guidance_mlm"),
     )
-    args = parser.parse_args()
-    args.steps = args.steps or (40 if args.quick else 800)
-    args.batch_size = args.batch_size or (16 if args.quick else 32)
-    args.layers = args.layers or (2 if args.quick else 4)
-    args.vocab_size = args.vocab_size or (1000 if args.quick else 5000)
+    args = parser.parse_args(argv)
+    parser.set_defaults(**(QUICK if args.quick else FULL))
+    args = parser.parse_args(argv)
+    if args.hidden % args.heads:
+        parser.error(
+            f"--hidden must be divisible by --heads, got {args.hidden} and "
+            f"{args.heads}"
+        )
+    if args.length < MIN_WORDS + 2:
+        parser.error(
+            f"--length must be >= {MIN_WORDS + 2} ([CLS], {MIN_WORDS} "
+            f"words, [SEP]), got {args.length}"
+        )
+    if args.vocab_size <= len(SPECIALS):
+        parser.error(
+            f"--vocab-size must be > {len(SPECIALS)} (the special tokens), "
+            f"got {args.vocab_size}"
+        )
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     began = time.perf_counter()
 
     texts = news_texts(100 if args.quick else 10**6)

@@ -44,10 +44,10 @@ def main():
         layer(queries, keys)
         if layer is dnas:  # same projections for both
             for sub in (
-                "_query_dense",
-                "_key_dense",
-                "_value_dense",
-                "_output_dense",
+                "query_dense",
+                "key_dense",
+                "value_dense",
+                "output_dense",
             ):
                 getattr(dnas, sub).set_weights(
                     getattr(softmax, sub).get_weights()

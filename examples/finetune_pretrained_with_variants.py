@@ -31,9 +31,9 @@ import numpy as np  # noqa: E402
 import keras_attnvariants as kav  # noqa: E402
 from keras_attnvariants import evaluation  # noqa: E402
 from keras_attnvariants.backbones import convert_backbone  # noqa: E402
+from keras_attnvariants.backbones import first_layers  # noqa: E402
 from keras_attnvariants.backbones import hybrid_weights  # noqa: E402
-from keras_attnvariants.backbones.pretrained import first_layers  # noqa: E402
-from keras_attnvariants.backbones.pretrained import load_minilm  # noqa: E402
+from keras_attnvariants.backbones import load_minilm  # noqa: E402
 from keras_attnvariants.datasets.offline import rotten_tomatoes  # noqa: E402
 
 # Run order: "standard" last, it fine-tunes the loaded backbone itself.
@@ -127,18 +127,58 @@ def plot_hybrid_weights(u, initial, path):
     plt.close(fig)
 
 
-def main():
+def positive_int(text):
+    """argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text):
+    """argparse type: a float > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def unit_float(text):
+    """argparse type: a float in [0, 1]."""
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
+    return value
+
+
+# --quick: a smoke run, a few short snippets on MiniLM's first 2 layers.
+# One step per variant: tracing the train and predict functions costs
+# more than running them eagerly.
+QUICK = dict(
+    train=16,
+    test=16,
+    sequence_length=16,
+    num_layers=2,
+    epochs=1,
+    batch_size=16,
+    run_eagerly=True,
+)
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CI smoke run")
-    parser.add_argument("--train", type=int, default=1024)
-    parser.add_argument("--test", type=int, default=512)
-    parser.add_argument("--sequence-length", type=int, default=48)
-    parser.add_argument("--num-layers", type=int, default=6)
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
-    parser.add_argument("--hybrid-lr-multiplier", type=float, default=100.0)
-    parser.add_argument("--hybrid-init", type=float, default=0.1)
+    parser.add_argument("--train", type=positive_int, default=1024)
+    parser.add_argument("--test", type=positive_int, default=512)
+    parser.add_argument("--sequence-length", type=positive_int, default=48)
+    parser.add_argument("--num-layers", type=positive_int, default=6)
+    parser.add_argument("--epochs", type=positive_int, default=1)
+    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--learning-rate", type=positive_float, default=1e-4)
+    parser.add_argument(
+        "--hybrid-lr-multiplier", type=positive_float, default=100.0
+    )
+    parser.add_argument("--hybrid-init", type=unit_float, default=0.1)
     parser.add_argument("--variants", default="standard,dnas,hnas")
     parser.add_argument("--out", default="outputs/finetune_variants")
     parser.add_argument("--seed", type=int, default=0)
@@ -147,16 +187,18 @@ def main():
         action="store_true",
         help="skip graph tracing (faster for a few steps; set by --quick)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     unknown = sorted(set(args.variants.split(",")) - set(VARIANTS))
     if unknown:  # they were skipped silently
         parser.error(f"--variants: unknown {unknown}; choose from {VARIANTS}")
-    if args.quick:
-        args.train, args.test, args.sequence_length = 16, 16, 16
-        args.num_layers, args.epochs, args.batch_size = 2, 1, 16
-        # One step per variant: tracing the train and predict functions
-        # costs more than running them eagerly.
-        args.run_eagerly = True
+    if args.quick:  # new defaults: flags given explicitly still apply
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args(argv)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     start = time.perf_counter()
 

@@ -34,29 +34,18 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from keras_attnvariants.backbones.conversion import convert_backbone  # noqa: E402
-from keras_attnvariants.backbones.pretrained import load_minilm  # noqa: E402
+from keras_attnvariants import HybridAttention  # noqa: E402
+from keras_attnvariants import KQAlignment  # noqa: E402
+from keras_attnvariants import convert_backbone  # noqa: E402
+from keras_attnvariants.backbones import first_layers  # noqa: E402
+from keras_attnvariants.backbones import load_minilm  # noqa: E402
 from keras_attnvariants.datasets.offline import rotten_tomatoes  # noqa: E402
 from keras_attnvariants.evaluation import expected_calibration_error  # noqa: E402
-from keras_attnvariants.layers.hybrid_attention import HybridAttention  # noqa: E402
+from keras_attnvariants.losses import key_query_mmd  # noqa: E402
 from keras_attnvariants.losses.kq_alignment import ADVERSARIAL_METHODS  # noqa: E402
-from keras_attnvariants.losses.kq_alignment import KQAlignment  # noqa: E402
-from keras_attnvariants.losses.kq_diagnostics import key_query_mmd  # noqa: E402
 
 SCALED_BANDWIDTH = 4.0
-
-
-def truncated(backbone, num_layers):
-    """A `BertBackbone` with the first `num_layers` layers of `backbone`."""
-    config = backbone.get_config()
-    if num_layers >= config["num_layers"]:
-        return backbone
-    config["num_layers"] = num_layers
-    shallow = type(backbone).from_config(config)
-    source = {v.path: v for v in backbone.weights}
-    for variable in shallow.weights:
-        variable.assign(source[variable.path])
-    return shallow
+METHODS = ("none", "gan", "gan-ns", "ct", "ot", "mmd")
 
 
 def build_classifier(
@@ -120,44 +109,92 @@ def batches(inputs, size):
     ]
 
 
-def main():
-    parser = argparse.ArgumentParser()
+def positive_int(text):
+    """argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text):
+    """argparse type: a float > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def non_negative_float(text):
+    """argparse type: a float >= 0."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+# Defaults of the full run and of --quick; flags given explicitly win.
+FULL = dict(
+    methods=["none", "gan", "ct", "ot", "mmd"],
+    weights=[0.1],
+    layers=2,
+    train=2000,
+    test=1000,
+    length=40,
+)
+QUICK = dict(
+    methods=["none", "ot"],
+    weights=[0.1],
+    layers=1,
+    train=64,
+    test=64,
+    length=24,
+)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
         "--methods",
         nargs="+",
-        default=None,
-        choices=["none", "gan", "gan-ns", "ct", "ot", "mmd"],
+        choices=METHODS,
         help="gan-ns: method 'gan' with gan_loss='non_saturating'",
     )
-    parser.add_argument("--weights", nargs="+", type=float, default=None)
+    parser.add_argument("--weights", nargs="+", type=non_negative_float)
     parser.add_argument(
         "--adversary-per-head",
         action="store_true",
         help="gan / ct: one discriminator (critic) per head, not shared",
     )
-    parser.add_argument("--layers", type=int, default=None)
-    parser.add_argument("--train", type=int, default=None)
-    parser.add_argument("--test", type=int, default=None)
-    parser.add_argument("--length", type=int, default=None)
-    parser.add_argument("--epochs", type=int, default=None)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
-    args = parser.parse_args()
-    quick = args.quick
-    methods = args.methods or (
-        ["none", "ot"] if quick else ["none", "gan", "ct", "ot", "mmd"]
+    parser.add_argument(
+        "--layers",
+        type=positive_int,
+        help="first MiniLM layers kept, at most 6",
     )
-    weights = args.weights or ([0.1] if quick else [0.1])
-    layers = args.layers or (1 if quick else 2)
-    n_train = args.train or (64 if quick else 2000)
-    n_test = args.test or (64 if quick else 1000)
-    seq_len = args.length or (24 if quick else 40)
-    epochs = args.epochs or 1
+    parser.add_argument("--train", type=positive_int)
+    parser.add_argument("--test", type=positive_int)
+    parser.add_argument("--length", type=positive_int)
+    parser.add_argument("--epochs", type=positive_int, default=1)
+    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--learning-rate", type=positive_float, default=1e-4)
+    args = parser.parse_args(argv)
+    parser.set_defaults(**(QUICK if args.quick else FULL))
+    args = parser.parse_args(argv)
+    if args.layers > 6:
+        parser.error(f"--layers: MiniLM has 6 layers, got {args.layers}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    methods, weights, layers = args.methods, args.weights, args.layers
+    n_train, n_test, seq_len = args.train, args.test, args.length
+    epochs = args.epochs
     start = time.time()
 
     backbone, preprocessor = load_minilm(seq_len)
-    backbone = truncated(backbone, layers)
+    backbone = first_layers(backbone, layers)
     texts, labels = rotten_tomatoes(n_train + n_test, seed=0)
     features = {k: np.asarray(v) for k, v in preprocessor(list(texts)).items()}
     train = ({k: v[:n_train] for k, v in features.items()}, labels[:n_train])

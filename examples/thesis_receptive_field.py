@@ -54,6 +54,12 @@ THESIS = {"precision": 0.959, "recall": 0.920}
 BOS = 1
 
 
+# --quick: a tiny CI run.
+QUICK = dict(
+    train_size=256, test_size=64, epochs=1, num_layers=2, batch_size=32
+)
+
+
 def positive_int(text):
     """argparse type: an int >= 1."""
     value = int(text)
@@ -133,9 +139,9 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", help="optional PNG: one example's fields")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.train_size, args.test_size, args.epochs = 256, 64, 1
-        args.num_layers, args.batch_size = 2, 32
+    if args.quick:  # new defaults: flags given explicitly still apply
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args(argv)
     if args.length < 3:
         parser.error(f"--length must be >= 3, got {args.length}")
     if args.d_model % args.num_heads:

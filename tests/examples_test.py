@@ -11,6 +11,7 @@ import importlib.util
 import pathlib
 
 import numpy as np
+import pytest
 
 from keras_attnvariants.datasets.stack_language import dependencies
 
@@ -186,3 +187,109 @@ def test_finetune_variants_start_from_the_same_classifier_head():
     for name in example.VARIANTS:
         for got, want in zip(heads[name], heads["standard"]):
             np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+def _quick_and_explicit(name, flag, attribute, explicit):
+    """`attribute` under `--quick` alone and with `flag explicit` too."""
+    example = _load(name)
+    quick = getattr(example.parse_args(["--quick"]), attribute)
+    given = getattr(
+        example.parse_args(["--quick", flag, str(explicit)]), attribute
+    )
+    return quick, given
+
+
+def test_quick_sets_defaults_that_explicit_flags_override():
+    # `--quick` overwrote flags given with it, so `--quick --num-layers 2`
+    # silently ran 1 layer (the padding test above asked for 2).
+    for name, flag, attribute, quick_value, explicit in (
+        ("thesis_multiview_arithmetic", "--num-layers", "num_layers", 1, 2),
+        ("thesis_multiview_arithmetic", "--epochs", "epochs", 1, 3),
+        ("thesis_receptive_field", "--num-layers", "num_layers", 2, 3),
+        ("thesis_receptive_field", "--train-size", "train_size", 256, 100),
+        (
+            "finetune_pretrained_with_variants",
+            "--num-layers",
+            "num_layers",
+            2,
+            1,
+        ),
+        ("finetune_pretrained_with_variants", "--train", "train", 16, 32),
+        ("kq_alignment_finetune", "--layers", "layers", 1, 2),
+        ("attention_guidance_mlm", "--steps", "steps", 40, 10),
+    ):
+        quick, given = _quick_and_explicit(name, flag, attribute, explicit)
+        assert (quick, given) == (quick_value, explicit), (name, flag)
+
+
+def test_invalid_flags_exit_with_a_one_line_usage_error(capsys):
+    # Zero sizes were silently replaced by the defaults (`args.x or
+    # default`), and the others failed deep inside Keras or NumPy
+    # (ZeroDivisionError for short windows, a ValueError from the layer,
+    # a key dim silently truncated when --hidden % --heads != 0).
+    for name, argv, flag in (
+        (
+            "finetune_pretrained_with_variants",
+            ["--num-layers", "0"],
+            "--num-layers",
+        ),
+        (
+            "finetune_pretrained_with_variants",
+            ["--hybrid-init", "1.5"],
+            "--hybrid-init",
+        ),
+        ("finetune_pretrained_with_variants", ["--test", "0"], "--test"),
+        ("kq_alignment_finetune", ["--layers", "0"], "--layers"),
+        ("kq_alignment_finetune", ["--quick", "--layers", "7"], "--layers"),
+        ("kq_alignment_finetune", ["--weights", "0.1", "-1"], "--weights"),
+        ("kq_alignment_finetune", ["--epochs", "0"], "--epochs"),
+        ("attention_guidance_mlm", ["--quick", "--steps", "0"], "--steps"),
+        ("attention_guidance_mlm", ["--heads", "5"], "--hidden"),
+        ("attention_guidance_mlm", ["--length", "9"], "--length"),
+        ("attention_guidance_mlm", ["--vocab-size", "5"], "--vocab-size"),
+        ("thesis_multiview_arithmetic", ["--d-model", "30"], "--d-model"),
+        ("thesis_receptive_field", ["--length", "2"], "--length"),
+    ):
+        example = _load(name)
+        with pytest.raises(SystemExit) as exit_info:
+            example.parse_args(argv)
+        assert exit_info.value.code == 2, (name, argv)
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "error:" in error and flag in error, (name, argv, error)
+
+
+def test_arithmetic_models_start_from_the_seed_whatever_ran_before():
+    # The seed was set once before all models, so a model's initial
+    # weights depended on which models had been built before it.
+    import keras
+
+    example = _load("thesis_multiview_arithmetic")
+    args = example.parse_args(["--quick", "--seed", "4"])
+
+    def initial_weights():
+        model = example.build_model("multiview", example.VIEWS, 12, args)
+        return [w.numpy() for w in model.weights]
+
+    first = initial_weights()
+    keras.random.normal((3,), seed=None)  # another model's draws
+    keras.utils.set_random_seed(99)
+    second = initial_weights()
+    assert len(first) == len(second)
+    for got, want in zip(second, first):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_arithmetic_table_states_the_epochs_run():
+    # With --time-limit the summary claimed `--epochs` epochs for every
+    # model, however few had run.
+    example = _load("thesis_multiview_arithmetic")
+    results = {
+        ("separate", "prefix"): (50.0, 90.0, 40.0, 20.0),
+        ("multiview", "prefix"): (60.0, 95.0, 50.0, 30.0),
+    }
+    lines = example.table(
+        results, {("separate", "prefix"): 56, ("multiview", "prefix"): 75}
+    ).splitlines()
+    assert "| epochs |" in lines[0]
+    assert lines[2].startswith("| separate | prefix | 56 | 50.0 (45.9) |")
+    assert lines[3].startswith("| multiview | prefix | 75 | 60.0 (65.3) |")
