@@ -20,7 +20,6 @@ Usage:
 
 import functools
 import os
-import platform
 import random
 import sys
 
@@ -31,10 +30,15 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+# Every variant gets its own tf.function of the same Python function, which
+# TensorFlow reports as "retracing": silence it (nothing retraces).
+tf.get_logger().setLevel("ERROR")
+
 # `benchmarks/` is sys.path[0] when this script runs.
 from harness import check_step_args  # noqa: E402
 from harness import cpu_allocator  # noqa: E402
 from harness import infer_fn  # noqa: E402
+from harness import machine_summary  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
 from harness import step_parser  # noqa: E402
@@ -129,7 +133,7 @@ def goal_lines(results):
         verdict = "met" if ratio <= goal else "MISSED"
         lines.append(
             f"- goal {label} train <= {goal:.2f}x at S={GOAL_LENGTH}: "
-            f"{ratio:.2f}x, {verdict}"
+            f"{ratio:.3f}x, {verdict}"
         )
     return "\n".join(lines)
 
@@ -161,9 +165,13 @@ def main(argv=None):
     title = (
         f"B={args.batch}, dim={args.dim}, heads={args.heads}, float32, "
         f"TensorFlow {tf.__version__} XLA, keras {keras.__version__}, "
-        f"{os.cpu_count()} CPU ({platform.machine()}), CPU allocator "
-        f"{cpu_allocator()}, {args.repeats} alternating repeats, median "
-        "ratio to keras MHA"
+        f"{machine_summary()}, CPU allocator {cpu_allocator()}, "
+        f"{args.repeats} alternating repeats, median ratio to keras MHA"
+        + (
+            " (--quick smoke run: its timings mean nothing)"
+            if args.quick
+            else ""
+        )
     )
     sections = [title]
     for mode in args.modes:

@@ -14,23 +14,28 @@ guided / plain (machine load hits both alike).
 
 import argparse
 import functools
+import os
 
-import keras
-import numpy as np
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
 
 # `benchmarks/` is sys.path[0] when this script runs.
-from harness import cpu_allocator
-from harness import median_ratio
-from harness import median_time
-from harness import time_alternating
-from harness import warm_up
+from harness import cpu_allocator  # noqa: E402
+from harness import device_name  # noqa: E402
+from harness import machine_summary  # noqa: E402
+from harness import median_ratio  # noqa: E402
+from harness import median_time  # noqa: E402
+from harness import time_alternating  # noqa: E402
+from harness import warm_up  # noqa: E402
 
-from keras_attnvariants.layers.variant_attention import VariantAttention
-from keras_attnvariants.losses.attention_guidance import (
+from keras_attnvariants.layers.variant_attention import VariantAttention  # noqa: E402
+from keras_attnvariants.losses.attention_guidance import (  # noqa: E402
     AttentionGuidanceRegularizer,
 )
-from keras_attnvariants.losses.attention_guidance import default_head_patterns
-from keras_attnvariants.ops.normalization import masked_softmax
+from keras_attnvariants.losses.attention_guidance import default_head_patterns  # noqa: E402
+from keras_attnvariants.ops.normalization import masked_softmax  # noqa: E402
 
 # Issue goal for the train-step overhead of the guidance term.
 GOAL = 1.03
@@ -71,7 +76,7 @@ def encoder(args, guided):
     return model
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--layers", type=int, default=4)
@@ -89,9 +94,36 @@ def main():
         "CPU-only TensorFlow); the default is XLA, as in every other "
         "benchmark here and on TPUs",
     )
-    args = parser.parse_args()
-    repeats = args.repeats or (3 if args.quick else 15)
-    steps = args.steps or (3 if args.quick else 10)
+    args = parser.parse_args(argv)
+    # 0 is an error, not "the default" (`args.repeats or 15` took it so).
+    for name in ("layers", "hidden", "heads", "batch_size", "repeats", "steps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            flag = name.replace("_", "-")
+            parser.error(f"--{flag} must be >= 1, got {value}")
+    if args.length < 2:
+        # Sequences are between half and the full length long.
+        parser.error(f"--length must be >= 2, got {args.length}")
+    if args.hidden % args.heads:
+        parser.error(
+            f"--hidden must be divisible by --heads, got {args.hidden} and "
+            f"{args.heads}"
+        )
+    args.repeats = args.repeats or (3 if args.quick else 15)
+    args.steps = args.steps or (3 if args.quick else 10)
+    return args
+
+
+def machine():
+    if keras.config.backend() == "tensorflow":
+        return f"{machine_summary()}, CPU allocator {cpu_allocator()}"
+    return f"{device_name()}; host {machine_summary()}"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    repeats, steps = args.repeats, args.steps
+    host = machine()
 
     rng = np.random.default_rng(0)
     shape = (args.batch_size, args.length, args.hidden)
@@ -113,12 +145,17 @@ def main():
     ratio = median_ratio(times, "guided", "plain")
     verdict = "met" if ratio <= GOAL else "MISSED"
     print(
-        f"backend {keras.backend.backend()}, {args.layers} layers, hidden "
-        f"{args.hidden}, {args.heads} heads, batch {args.batch_size} x "
-        f"{args.length}, XLA {args.xla}, CPU allocator {cpu_allocator()}, "
+        f"backend {keras.backend.backend()}, {host}; {args.layers} layers, "
+        f"hidden {args.hidden}, {args.heads} heads, batch {args.batch_size} "
+        f"x {args.length}, XLA {args.xla}, "
         f"{repeats} repeats x {steps} steps: plain {1e3 * plain:.1f} ms/step,"
         f" guided {1e3 * guided:.1f} ms/step, median ratio {ratio:.3f} "
         f"(goal <= {GOAL:.2f}x: {verdict})"
+        + (
+            "; --quick smoke run: its timing and verdict mean nothing"
+            if args.quick
+            else ""
+        )
     )
 
 

@@ -22,7 +22,6 @@ Usage:
 
 import functools
 import os
-import platform
 import random
 import sys
 
@@ -32,13 +31,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from harness import check_step_args  # noqa: E402
+
+# Every variant gets its own tf.function of the same Python function, which
+# TensorFlow reports as "retracing": silence it (nothing retraces).
+tf.get_logger().setLevel("ERROR")
 
 # `benchmarks/` is sys.path[0] when this script runs.
+from harness import check_step_args  # noqa: E402
 from harness import compiled_infer  # noqa: E402
 from harness import compiled_train_step  # noqa: E402
 from harness import cpu_allocator  # noqa: E402
 from harness import load_average_1min as load_average  # noqa: E402
+from harness import machine_summary  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
 from harness import step_parser  # noqa: E402
@@ -141,7 +145,7 @@ def goal_lines(mode, results):
         for s in sorted(results):
             ratio = results[s][label][1]
             verdict = "met" if ratio <= goal else "MISSED"
-            cells.append(f"S={s} {ratio:.2f}x {verdict}")
+            cells.append(f"S={s} {ratio:.3f}x {verdict}")
         lines.append(
             f"- goal {label} {mode} <= {goal:.2f}x: " + ", ".join(cells)
         )
@@ -166,7 +170,7 @@ def main(argv=None):
     args = parse_args(argv)
     random.seed(0)
     keras.utils.set_random_seed(0)
-    load_before = load_average()
+    machine = machine_summary()
     sections = []
     for mode in args.modes:
         results = {}
@@ -188,13 +192,21 @@ def main(argv=None):
             print(f"[{mode} S={length}: {steps} steps/timing]", file=sys.stderr)
         sections.append(markdown_table(mode, results))
         sections.append(goal_lines(mode, results))
+    load_after = load_average()
     title = (
         f"B={args.batch}, dim={args.dim}, heads={args.heads}, float32, "
-        f"TensorFlow {tf.__version__} {'eager graph' if args.no_xla else 'XLA'}"
-        f", keras {keras.__version__}, {os.cpu_count()} CPU "
-        f"({platform.machine()}), 1-min load average {load_before} before / "
-        f"{load_average()} after, CPU allocator {cpu_allocator()}, "
-        f"{args.repeats} alternating repeats, median ratio to keras MHA"
+        f"TensorFlow {tf.__version__} "
+        f"{'tf.function without XLA' if args.no_xla else 'XLA'}"
+        f", keras {keras.__version__}, {machine}; 1-min load average after "
+        + ("unknown" if load_after is None else f"{load_after:.2f}")
+        + f", CPU allocator {cpu_allocator()}, {args.repeats} alternating "
+        "repeats, median ratio to keras MHA"
+        + (
+            " (--quick smoke run without XLA: its timings and verdicts "
+            "mean nothing)"
+            if args.quick
+            else ""
+        )
     )
     write_report("\n\n".join([title, *sections]) + "\n", args.output)
 

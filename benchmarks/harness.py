@@ -10,7 +10,8 @@
   `median_ratio` then gives the median over repeats of the per-repeat
   ratio to a reference.
 - `machine_info`: CPU model, cores, load average, versions, date;
-  `load_average_1min`: the 1-minute load average alone.
+  `machine_summary`: the same machine in one line (the per-feature
+  scripts' headers); `load_average_1min`: the 1-minute load average alone.
 
 The scripts import this module by name (`benchmarks/` is `sys.path[0]`
 when a script in it runs). The compiled-step helpers need TensorFlow (set
@@ -134,12 +135,15 @@ def step_parser(description, lengths, repeats, min_time):
 
 
 def check_step_args(parser, args):
-    """`parser.error` for sizes below 1 or `--dim` not divisible."""
+    """`parser.error` for sizes below 1, a negative `--min-time` or `--dim`
+    not divisible."""
     for name in ("batch", "dim", "heads", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if min(args.lengths) < 1:
         parser.error(f"--lengths must be >= 1, got {args.lengths}")
+    if not args.min_time >= 0:  # also NaN
+        parser.error(f"--min-time must be >= 0, got {args.min_time}")
     if args.dim % args.heads:
         parser.error(
             f"--dim must be divisible by --heads, got {args.dim} and "
@@ -156,7 +160,13 @@ def write_report(text, path=None):
 
 
 def warm_up(call, times=2):
-    """Runs `call` `times` times (the first call compiles)."""
+    """Runs `call` `times` times (the first call compiles).
+
+    Keep `times >= 2`: the first run after compiling is slower than the
+    steady state (measured ~10% for a small XLA train step), so a
+    configuration warmed up by its compiling call alone starts its first
+    timing cold.
+    """
     for _ in range(times):
         np.asarray(call())
 
@@ -254,6 +264,36 @@ def load_average_1min():
         return None
 
 
+def cpu_count():
+    """CPU cores this process may run on (its affinity), else `os.cpu_count`.
+
+    `os.cpu_count()` counts the host's cores, also those a container or
+    `taskset` keeps the process off.
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
+
+
+def utc_date():
+    """The current date and time, `YYYY-MM-DD HH:MM UTC`."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M UTC"
+    )
+
+
+def machine_summary():
+    """The host in one line: CPU model, usable cores, architecture, vector
+    extensions, 1-minute load average and date."""
+    load = load_average_1min()
+    load = "unknown" if load is None else f"{load:.2f}"
+    flags = ", ".join(cpu_flags()) or "none listed"
+    return (
+        f"{cpu_model()}, {cpu_count()} cores ({platform.machine()}; "
+        f"{flags}), 1-min load average {load}, {utc_date()}"
+    )
+
+
 def cpu_allocator():
     """Which TensorFlow CPU allocator this process uses, in words.
 
@@ -291,14 +331,10 @@ def device_name():
 def machine_info():
     """dict describing the machine, backend, versions and date."""
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime(
-            "%Y-%m-%d %H:%M UTC"
-        ),
+        "date": utc_date(),
         "cpu": cpu_model(),
         "cpu_flags": ", ".join(cpu_flags()) or "none listed",
-        "nproc": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
+        "nproc": cpu_count(),
         "arch": platform.machine(),
         "python": platform.python_version(),
         "tensorflow": tf.__version__ if tf is not None else "not installed",

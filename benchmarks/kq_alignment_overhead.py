@@ -31,9 +31,8 @@ import numpy as np  # noqa: E402
 
 # `benchmarks/` is sys.path[0] when this script runs.
 from harness import cpu_allocator  # noqa: E402
-from harness import cpu_model  # noqa: E402
 from harness import device_name  # noqa: E402
-from harness import load_average_1min  # noqa: E402
+from harness import machine_summary  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
 from harness import time_alternating  # noqa: E402
@@ -86,15 +85,13 @@ def classifier(args, method):
 
 
 def machine():
-    load = load_average_1min()
-    load = "" if load is None else f", load average {load:.1f}"
-    host = f"{cpu_model()}, {os.cpu_count()} cores{load}"
+    host = machine_summary()
     if keras.config.backend() == "tensorflow":
         return f"{host}, CPU allocator {cpu_allocator()}"
     return f"{device_name()}; host {host}"
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
@@ -125,21 +122,50 @@ def main():
         "GPU; the alignment terms compute in float32 under any of them",
     )
     parser.add_argument("--output", default=None, help="Markdown file")
-    args = parser.parse_args()
-    keras.config.set_dtype_policy(args.dtype_policy)
+    args = parser.parse_args(argv)
     for method in args.methods:
         if method not in METHODS:
             raise ValueError(
                 f"`--methods` must be among {METHODS}. Received: {method!r}"
             )
+    # 0 is an error, not "the default" (`args.layers or 2` took it so).
+    for name in (
+        "layers",
+        "hidden",
+        "heads",
+        "batch_size",
+        "repeats",
+        "steps",
+    ):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            flag = name.replace("_", "-")
+            parser.error(f"--{flag} must be >= 1, got {value}")
+    if args.length is not None and args.length < 2:
+        # Sequences are between half and the full length long.
+        parser.error(f"--length must be >= 2, got {args.length}")
+    if args.vocabulary < 2:  # token ids are drawn from 1 .. vocabulary - 1
+        parser.error(f"--vocabulary must be >= 2, got {args.vocabulary}")
+    if args.hidden % args.heads:
+        parser.error(
+            f"--hidden must be divisible by --heads, got {args.hidden} and "
+            f"{args.heads}"
+        )
     args.jit_compile = (
         args.jit_compile or ("off" if args.quick else "on")
     ) == "on"
     args.layers = args.layers or (1 if args.quick else 2)
     args.length = args.length or (32 if args.quick else 64)
     args.batch_size = args.batch_size or (8 if args.quick else 16)
-    repeats = args.repeats or (3 if args.quick else 15)
-    steps = args.steps or (2 if args.quick else 5)
+    args.repeats = args.repeats or (3 if args.quick else 15)
+    args.steps = args.steps or (2 if args.quick else 5)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    keras.config.set_dtype_policy(args.dtype_policy)
+    repeats, steps = args.repeats, args.steps
 
     rng = np.random.default_rng(0)
     shape = (args.batch_size, args.length)
@@ -169,7 +195,12 @@ def main():
         f"Model: {args.layers} blocks, hidden {args.hidden}, {args.heads} "
         f"heads x {args.hidden // args.heads}, batch {args.batch_size} x "
         f"length {args.length} (padded), {repeats} repeats x {steps} steps"
-        + (", one adversary per head." if args.adversary_per_head else "."),
+        + (", one adversary per head." if args.adversary_per_head else ".")
+        + (
+            " --quick smoke run: its timings and verdicts mean nothing."
+            if args.quick
+            else ""
+        ),
         "",
         "| method | ms/step (median) | ratio vs none (median) | goal |",
         "| --- | --- | --- | --- |",

@@ -192,7 +192,7 @@ def time_length(args, length, start, memory):
 
     Returns dict `mode -> {"times": {label: [s]}, "steps": int, ...}`.
     With `--memory inprocess`, also fills `memory[length][label][mode]`
-    (the first step after compiling, measured in this process).
+    (a step after the compiling and warm-up runs, in this process).
     """
     batch = batch_for(args, length)
     x = inputs(batch, length, args.dim)
@@ -207,7 +207,7 @@ def time_length(args, length, start, memory):
             if not runs_in(mode, label, group):
                 continue
             layer, call = compiled_step(factory, mode, x)
-            warm_up(call, times=1)  # compile
+            warm_up(call)  # compile, then one warm-up run
             if args.memory == "inprocess":
                 memory[length][label][mode] = peak_increase_mib(call)
             if mode == "infer" and layer.losses:
@@ -423,6 +423,14 @@ def report(args, info, results, memory, load_end, elapsed):
     parts += [
         f"## Loss overhead: train step ratio to `{NO_LOSS}` without loss",
         table(length_header(args, results, ["train"]), rows),
+        (
+            "Without a loss the layer folds its weights into the value "
+            "product and never writes them out; a term that reads the "
+            "weights (`needs_attention_weights`: "
+            "AttentionGuidanceRegularizer) makes it materialize them, so "
+            "that row includes the materialization as well as the term. "
+            "KQAlignment terms read only the queries and keys."
+        ),
     ]
     # Memory.
     if isinstance(memory, dict) and memory:
@@ -548,6 +556,12 @@ def parse_args(argv):
     for name in ("batch", "dim", "heads", "repeats", "matmul_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.long_batch < 1:
+        parser.error("--long-batch must be >= 1")
+    if args.long_from < 0:
+        parser.error("--long-from must be >= 0 (0: never)")
+    if not args.min_time >= 0:  # also NaN
+        parser.error("--min-time must be >= 0")
     if args.dim % args.heads:
         parser.error(f"--dim ({args.dim}) must be a multiple of --heads")
     if min(args.lengths) < 8:

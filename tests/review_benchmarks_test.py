@@ -1,0 +1,233 @@
+"""The benchmark harness and the scripts' argument checks.
+
+Timings are not asserted (performance is measured, not tested): these
+tests check what would make a reported ratio wrong: the median is taken
+over per-repeat ratios, every repeat times every callable once in a
+shuffled order and waits for its result, nothing is timed cold or while
+retracing, the explicit / fused pick compares the two paths directly, and
+bad sizes are rejected instead of silently replaced by defaults.
+"""
+
+import importlib.util
+import os
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name):
+    """Imports `benchmarks/<name>.py`, leaving `os.environ` as it was (the
+    scripts `setdefault` their backend)."""
+    environ = dict(os.environ)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            f"review_benchmarks_{name}", BENCHMARKS / f"{name}.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        os.environ.clear()
+        os.environ.update(environ)
+    return module
+
+
+@pytest.fixture(scope="module")
+def harness():
+    return _load("harness")
+
+
+def test_median_ratio_is_the_median_of_per_repeat_ratios(harness):
+    times = {"a": [2.0, 3.0, 10.0], "ref": [1.0, 6.0, 4.0]}
+    # Per repeat: 2, 0.5, 2.5 -> 2; the ratio of the medians would be 0.75.
+    assert harness.median_ratio(times, "a", "ref") == pytest.approx(2.0)
+    assert harness.median_time(times, "a") == 3.0
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class _Result:
+    """A step's output; `np.asarray` on it is the wait for the device."""
+
+    def __init__(self, log, label):
+        self.log, self.label = log, label
+
+    def __array__(self, dtype=None, copy=None):
+        self.log.append(("fetch", self.label))
+        return np.zeros(())
+
+
+def test_time_alternating_times_each_callable_once_per_repeat(
+    harness, monkeypatch
+):
+    clock = _Clock()
+    monkeypatch.setattr(harness.time, "perf_counter", clock)
+    log = []
+    cost = {"a": 1.0, "b": 2.0, "c": 4.0, "d": 8.0}
+
+    def step(label):
+        clock.now += cost[label]
+        log.append(("call", label))
+        return _Result(log, label)
+
+    calls = {label: (lambda label=label: step(label)) for label in cost}
+    steps = {"a": 3, "b": 2, "c": 1, "d": 2}
+    repeats = 6
+    times = harness.time_alternating(calls, repeats, steps, seed=1)
+
+    # Seconds per step, one per repeat.
+    assert times == {label: [cost[label]] * repeats for label in cost}
+    # Each timing: `steps` calls in a row, then one fetch of the last result.
+    blocks, orders = [], []
+    i = 0
+    while i < len(log):
+        label = log[i][1]
+        count = steps[label]
+        assert log[i : i + count] == [("call", label)] * count
+        assert log[i + count] == ("fetch", label)
+        blocks.append(label)
+        i += count + 1
+    assert len(blocks) == repeats * len(cost)
+    for r in range(repeats):
+        order = blocks[r * len(cost) : (r + 1) * len(cost)]
+        assert sorted(order) == sorted(cost)  # everyone, once
+        orders.append(tuple(order))
+    assert len(set(orders)) > 1  # shuffled, not a fixed order
+
+
+def test_warm_up_runs_past_the_compiling_call(harness):
+    count = []
+    harness.warm_up(lambda: count.append(1) or np.zeros(()))
+    assert len(count) >= 2
+
+
+def test_steps_for_is_at_least_one(harness, monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(harness.time, "perf_counter", clock)
+
+    def slow():
+        clock.now += 5.0
+        return np.zeros(())
+
+    def fast():
+        clock.now += 0.01
+        return np.zeros(())
+
+    assert harness.steps_for(slow, 0.2) == 1
+    assert harness.steps_for(fast, 0.2) == 20
+
+
+def test_machine_summary_names_cpu_cores_and_date(harness):
+    line = harness.machine_summary()
+    assert harness.cpu_model() in line
+    assert f"{harness.cpu_count()} cores" in line
+    assert "UTC" in line
+    if hasattr(os, "sched_getaffinity"):
+        assert harness.cpu_count() == len(os.sched_getaffinity(0))
+
+
+def test_compiled_steps_do_not_retrace_while_timed(harness):
+    import keras
+    import tensorflow as tf
+
+    x = tf.constant(np.random.default_rng(0).normal(size=(2, 6, 8)), "float32")
+    layer = keras.layers.MultiHeadAttention(2, 4, seed=0)
+    layer(x, x)
+    before = [v.numpy().copy() for v in layer.trainable_variables]
+    train = harness.train_step_fn(layer)
+    infer = harness.infer_fn(layer)
+    calls = {"train": lambda: train(x), "infer": lambda: infer(x)}
+    for call in calls.values():
+        harness.warm_up(call)
+    traces = {
+        "train": train.experimental_get_tracing_count(),
+        "infer": infer.experimental_get_tracing_count(),
+    }
+    harness.time_alternating(calls, 2, 2)
+    assert train.experimental_get_tracing_count() == traces["train"]
+    assert infer.experimental_get_tracing_count() == traces["infer"]
+    # The train step does the SGD update it is timed for.
+    after = [v.numpy() for v in layer.trainable_variables]
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def _rejects(parse, argv):
+    with pytest.raises(SystemExit) as error:
+        parse(argv)
+    assert error.value.code == 2
+
+
+@pytest.mark.parametrize("name", ["attention_step", "gumbel_step"])
+def test_step_scripts_reject_bad_sizes(name):
+    script = _load(name)
+    for argv in (
+        ["--batch", "0"],
+        ["--repeats", "0"],
+        ["--lengths", "128", "0"],
+        ["--dim", "30", "--heads", "4"],
+        ["--min-time", "-1"],
+        ["--min-time", "nan"],
+    ):
+        _rejects(script.parse_args, argv)
+    args = script.parse_args(["--quick"])
+    assert args.repeats >= 1 and args.lengths
+
+
+def test_suite_rejects_bad_sizes():
+    suite = _load("suite")
+    for argv in (
+        ["--long-batch", "0"],
+        ["--long-from", "-1"],
+        ["--min-time", "-0.5"],
+        ["--dim", "30", "--heads", "4"],
+        ["--lengths", "4"],
+    ):
+        _rejects(suite.parse_args, argv)
+    assert suite.parse_args(["--long-from", "0"]).long_from == 0
+
+
+@pytest.mark.parametrize("name", ["guidance_overhead", "kq_alignment_overhead"])
+def test_overhead_scripts_reject_zero_instead_of_defaulting(name):
+    script = _load(name)
+    for argv in (
+        ["--repeats", "0"],
+        ["--steps", "0"],
+        ["--layers", "0"],
+        ["--batch-size", "0"],
+        ["--length", "1"],
+        ["--hidden", "130", "--heads", "4"],
+    ):
+        _rejects(script.parse_args, argv)
+    args = script.parse_args(["--repeats", "2", "--steps", "1"])
+    assert (args.repeats, args.steps) == (2, 1)
+    args = script.parse_args(["--quick"])
+    assert args.repeats >= 1 and args.steps >= 1
+
+
+def test_faster_path_is_the_direct_same_repeat_comparison():
+    script = _load("accelerator_step")
+    # Medians of the ratios to keras MHA say explicit (1.00x < 1.01x), the
+    # same-repeat explicit / fused median says fused (1.05x).
+    results = {
+        512: {
+            "DNAS explicit": (1.0, 1.00, None),
+            "DNAS fused": (1.0, 1.01, None),
+            "HNAS explicit": (1.0, 1.20, None),
+            "HNAS fused": (1.0, 1.10, None),
+        }
+    }
+    paths = {512: {"DNAS": 1.05, "HNAS": 0.97}}
+    dnas, hnas = script.path_lines("train", "float32", results, paths)
+    assert "S=512 fused (explicit / fused 1.05x" in dnas
+    assert "S=512 explicit (explicit / fused 0.97x" in hnas
