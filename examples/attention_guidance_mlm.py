@@ -37,6 +37,9 @@ import zipfile
 
 import keras
 import numpy as np
+from flag_types import non_negative_float
+from flag_types import positive_float
+from flag_types import positive_int
 from keras import ops
 
 import keras_attnvariants as kav
@@ -207,30 +210,6 @@ def smooth(values, window):
     window = max(1, min(window, len(values)))
     kernel = np.ones(window) / window
     return np.convolve(values, kernel, mode="valid")
-
-
-def positive_int(text):
-    """argparse type: an int >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def positive_float(text):
-    """argparse type: a float > 0."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def non_negative_float(text):
-    """argparse type: a float >= 0."""
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 # Sizes of the full run and of --quick; flags given explicitly win.

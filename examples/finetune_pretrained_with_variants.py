@@ -27,6 +27,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import keras  # noqa: E402
 import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
+from flag_types import positive_float  # noqa: E402
+from flag_types import positive_int  # noqa: E402
+from flag_types import unit_float  # noqa: E402
 
 import keras_attnvariants as kav  # noqa: E402
 from keras_attnvariants import evaluation  # noqa: E402
@@ -125,30 +128,6 @@ def plot_hybrid_weights(u, initial, path):
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
-
-
-def positive_int(text):
-    """argparse type: an int >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def positive_float(text):
-    """argparse type: a float > 0."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def unit_float(text):
-    """argparse type: a float in [0, 1]."""
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
-    return value
 
 
 # --quick: a smoke run, a few short snippets on MiniLM's first 2 layers.

@@ -33,6 +33,9 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from flag_types import non_negative_float  # noqa: E402
+from flag_types import positive_float  # noqa: E402
+from flag_types import positive_int  # noqa: E402
 
 from keras_attnvariants import HybridAttention  # noqa: E402
 from keras_attnvariants import KQAlignment  # noqa: E402
@@ -107,30 +110,6 @@ def batches(inputs, size):
         ({k: v[i : i + size] for k, v in inputs.items()},)
         for i in range(0, count, size)
     ]
-
-
-def positive_int(text):
-    """argparse type: an int >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def positive_float(text):
-    """argparse type: a float > 0."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def non_negative_float(text):
-    """argparse type: a float >= 0."""
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 # Defaults of the full run and of --quick; flags given explicitly win.

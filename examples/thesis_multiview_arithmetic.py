@@ -45,6 +45,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from flag_types import positive_float  # noqa: E402
+from flag_types import positive_int  # noqa: E402
 
 from keras_attnvariants.datasets.arithmetic import multiview_arithmetic  # noqa: E402
 from keras_attnvariants.datasets.arithmetic import tokenize  # noqa: E402
@@ -85,22 +87,6 @@ QUICK = dict(
     batch_size=32,
     jit_compile=False,
 )
-
-
-def positive_int(text):
-    """argparse type: an int >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def positive_float(text):
-    """argparse type: a float > 0."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
 
 
 def parse_args(argv=None):

@@ -40,6 +40,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from flag_types import non_negative_float  # noqa: E402
+from flag_types import positive_float  # noqa: E402
+from flag_types import positive_int  # noqa: E402
 from keras import ops  # noqa: E402
 
 from keras_attnvariants.callbacks import TemperatureSchedule  # noqa: E402
@@ -58,30 +61,6 @@ BOS = 1
 QUICK = dict(
     train_size=256, test_size=64, epochs=1, num_layers=2, batch_size=32
 )
-
-
-def positive_int(text):
-    """argparse type: an int >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def non_negative_float(text):
-    """argparse type: a float >= 0."""
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def positive_float(text):
-    """argparse type: a float > 0."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
 
 
 def parse_args(argv=None):

@@ -9,6 +9,7 @@ of the fine-tuning example starting from the same classifier head.
 
 import importlib.util
 import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -19,6 +20,9 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 
 def _load(name):
+    # As when a script runs: `examples/` on the path for `flag_types`.
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
