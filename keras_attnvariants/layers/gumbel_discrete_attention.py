@@ -8,9 +8,11 @@ from keras_attnvariants.ops.combine import relaxed_gumbel_attend
 from keras_attnvariants.ops.combine import softmax_attend
 from keras_attnvariants.ops.combine import straight_through_gumbel_attend
 from keras_attnvariants.ops.gumbel import argmax_indices
+from keras_attnvariants.ops.gumbel import fmix32
 from keras_attnvariants.ops.gumbel import gather_values
 from keras_attnvariants.ops.gumbel import gumbel_from_uniform
 from keras_attnvariants.ops.gumbel import one_hot_at
+from keras_attnvariants.ops.gumbel import positional_uniform
 from keras_attnvariants.ops.gumbel import relaxed_sample
 from keras_attnvariants.ops.gumbel import rows_with_valid_key
 from keras_attnvariants.ops.gumbel import selection_logits
@@ -35,53 +37,50 @@ def check_temperature(temperature):
     check_float("temperature", temperature)
 
 
-def _tracing_for_xla():
-    """Whether TensorFlow is tracing a function for XLA (`jit_compile`)."""
-    try:
-        import tensorflow as tf
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # pragma: no cover - TensorFlow internals moved
-        return False
-    return control_flow_util.GraphOrParentsInXlaContext(
-        tf.compat.v1.get_default_graph()
+# Salts of the seed words and the replica id in the noise key.
+_SEED_SALT = 0x3C6EF372
+_REPLICA_SALT = 0x1B873593
+
+
+def noise_key(seed_generator):
+    """The int32 key of one noise draw (advances `seed_generator`).
+
+    A hash of the generator's two state words. Under `tf.distribute` every
+    replica holds the same generator state, so on the TensorFlow backend,
+    inside a replica context with more than one replica, the replica id is
+    hashed in as well: every (step, replica) pair draws its own noise (a
+    key of `counter + replica` would make replica r at step k + 1 redraw
+    replica r + 1's noise of step k). JAX data parallelism needs no such
+    step: there the batch index of `positional_uniform` is global.
+    """
+    seed = ops.cast(seed_generator.next(), "int32")  # bits of each word
+    key = fmix32(
+        ops.bitwise_xor(fmix32(ops.bitwise_xor(seed[0], _SEED_SALT)), seed[1])
     )
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            replica = tf.cast(context.replica_id_in_sync_group, "int32")
+            key = fmix32(
+                ops.bitwise_xor(
+                    key, fmix32(ops.bitwise_xor(replica, _REPLICA_SALT))
+                )
+            )
+    return key
 
 
 def distributed_uniform(shape, seed_generator):
-    """float32 uniforms from `seed_generator`, distinct on each replica.
+    """float32 uniforms from `seed_generator`, distinct on each replica,
+    and stable under padding.
 
-    Under `tf.distribute` every replica holds the same `SeedGenerator`
-    state, so `keras.random` would give every replica the same noise. On
-    the TensorFlow backend, inside a replica context with more than one
-    replica, the replica id is folded into the drawn seed
-    (`stateless_fold_in`), so every (step, replica) pair draws its own
-    noise.
-
-    On TensorFlow the stateless algorithm is chosen per trace.
-    `keras.random`'s default ("auto_select") measured about 60x slower
-    under XLA on CPU (train step 18x keras MHA). Under XLA
-    (`jit_compile=True`, what TPUs run) the noise comes from the
-    counter-based ThreeFry generator (JAX's default): with Philox, the noisy
-    softmax and its gradient took 2.9x a plain softmax, with ThreeFry 1.2x
-    (B=8, 4 heads, S=512). Outside XLA, Philox (TensorFlow's CPU kernel has
-    no ThreeFry). A seed therefore reproduces the same noise within one of
-    the two modes, not across them.
+    `positional_uniform` with the key `noise_key(seed_generator)`: an
+    entry depends on the key and on its index only, so the noise on real
+    tokens does not change with the amount of padding after them (nor with
+    XLA, nor with the backend, for the same generator state).
     """
-    if keras.backend.backend() != "tensorflow":
-        return keras.random.uniform(shape, dtype="float32", seed=seed_generator)
-    import tensorflow as tf
-
-    seed = tf.cast(seed_generator.next(), "int64")
-    context = tf.distribute.get_replica_context()
-    if context is not None and context.num_replicas_in_sync > 1:
-        # Hashed in, not added: `counter + replica` made replica r at step
-        # k + 1 redraw replica r + 1's noise of step k.
-        replica = tf.cast(context.replica_id_in_sync_group, "int32")
-        seed = tf.random.experimental.stateless_fold_in(seed, replica)
-    algorithm = "threefry" if _tracing_for_xla() else "philox"
-    return tf.random.stateless_uniform(
-        shape, seed=seed, dtype="float32", alg=algorithm
-    )
+    return positional_uniform(noise_key(seed_generator), shape)
 
 
 def noise_seed(seed):

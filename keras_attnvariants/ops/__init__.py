@@ -9,6 +9,9 @@ from keras_attnvariants.ops.gumbel import (
 )
 from keras_attnvariants.ops.gumbel import gumbel_noise as gumbel_noise
 from keras_attnvariants.ops.gumbel import one_hot_argmax as one_hot_argmax
+from keras_attnvariants.ops.gumbel import (
+    positional_uniform as positional_uniform,
+)
 from keras_attnvariants.ops.gumbel import relaxed_sample as relaxed_sample
 from keras_attnvariants.ops.gumbel import scatter_values as scatter_values
 from keras_attnvariants.ops.gumbel import straight_through as straight_through

@@ -68,3 +68,26 @@ def multi_head_attention(layer, query, value, normalize, mask=None):
     )
     context = np.einsum("bnts,bsnh->btnh", weights, v)
     return np.einsum("btnh,nhd->btd", context, wo) + bo, weights
+
+
+def fmix32(x):
+    """MurmurHash3's 32-bit finalizer on NumPy uint32 (wrapping)."""
+    x = np.asarray(x, np.uint32)
+    x = x ^ (x >> np.uint32(16))
+    x = (x.astype(np.uint64) * 0x85EBCA6B % 2**32).astype(np.uint32)
+    x = x ^ (x >> np.uint32(13))
+    x = (x.astype(np.uint64) * 0xC2B2AE35 % 2**32).astype(np.uint32)
+    return x ^ (x >> np.uint32(16))
+
+
+def positional_uniform(key, shape):
+    """The counter-based uniforms of `ops.gumbel.positional_uniform`,
+    computed on unsigned 32-bit words: the hash chained over the axes,
+    each index `i` of axis `a` entering as `fmix32(i * 0x9E3779B9 + a + 1)`,
+    then the top 24 bits, centred."""
+    h = np.asarray(key % 2**32, np.uint32)
+    for axis, size in enumerate(shape):
+        index = np.arange(size, dtype=np.uint64)
+        coordinate = fmix32((index * 0x9E3779B9 + axis + 1) % 2**32)
+        h = fmix32(h[..., None] ^ coordinate)
+    return ((h >> np.uint32(8)).astype(np.float64) + 0.5) / 2**24

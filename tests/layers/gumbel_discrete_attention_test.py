@@ -176,9 +176,9 @@ class GumbelDiscreteAttentionTest(TestCase):
 
     @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.function XLA")
     def test_xla_noise_is_seeded_and_gumbel_distributed(self):
-        # Under XLA the noise comes from ThreeFry, outside it from Philox:
-        # both must reproduce with the seed and give Gumbel-max samples
-        # distributed as Cat(softmax(s)).
+        # The noise reproduces with the seed, gives Gumbel-max samples
+        # distributed as Cat(softmax(s)), and is the same in and out of
+        # XLA (it was ThreeFry under XLA, Philox outside).
         import tensorflow as tf
 
         x, _ = padded_inputs(seed=5, batch=1, length=4)
@@ -197,15 +197,21 @@ class GumbelDiscreteAttentionTest(TestCase):
             GumbelDiscreteAttention(
                 **INIT, temperature=1e-3, seed=3, inference_mode="soft"
             )
-            for _ in range(2)
+            for _ in range(3)
         ]
         for layer in layers:
             layer(x, x)
-        layers[1].set_weights(layers[0].get_weights())
-        first, second = (sampler(layer) for layer in layers)
+            layer.set_weights(layers[0].get_weights())
+        first, second = (sampler(layer) for layer in layers[:2])
         a1, a2 = to_np(first(big_x)), to_np(first(big_x))
         b1 = to_np(second(big_x))
         self.assertAllClose(a1, b1, atol=0)
+        eager = layers[2](
+            big_x, big_x, return_attention_scores=True, training=True
+        )[1]
+        # Temperature 1e-3 amplifies XLA's float32 rounding (up to 1e-4);
+        # different noise would differ by up to 1.
+        self.assertAllClose(to_np(eager), a1, atol=1e-3)
         self.assertGreater(np.abs(a1 - a2).max(), 0.5)
         _, soft = layers[0](x, x, return_attention_scores=True)
         self.assertAllClose(
@@ -291,6 +297,58 @@ class GumbelDiscreteAttentionTest(TestCase):
             allowed = np.broadcast_to(allowed[:, None], w.shape)
             self.assertTrue(np.all(w[~allowed] == 0.0))
             self.assertAllClose(w.sum(-1), 1.0, atol=1e-5)
+
+    @parameterized.parameters(
+        {"training": True},
+        {"training": True, "straight_through": True},
+        {"training": True, "scores": False},
+        {"training": True, "straight_through": True, "scores": False},
+        {"training": False, "inference_mode": "sample"},
+    )
+    def test_sample_on_real_tokens_ignores_the_padding_length(
+        self, training, scores=True, **kwargs
+    ):
+        # Quality bar: an output on real tokens must not depend on how
+        # much padding follows it. With noise from `keras.random` the
+        # whole (B, N, T, S) draw changed with S, so every sample did.
+        rng = np.random.default_rng(14)
+        lengths = np.array([5, 3])
+        layer = GumbelDiscreteAttention(**INIT, seed=4, **kwargs)
+        layer(np.zeros((2, 5, 4), "float32"), np.zeros((2, 5, 4), "float32"))
+        state = ops.convert_to_numpy(layer.seed_generator.state)
+        x = rng.normal(size=(2, 12, 4)).astype("float32")
+        results = []
+        for total in (5, 8, 12):
+            valid = np.arange(total)[None] < lengths[:, None]
+            # Padding holds different garbage at each length.
+            inputs = np.where(
+                valid[..., None], x[:, :total], rng.normal(size=(1,)) * 9
+            ).astype("float32")
+            layer.seed_generator.state.assign(state)
+            out = layer(
+                inputs,
+                inputs,
+                attention_mask=valid[:, :, None] & valid[:, None, :],
+                return_attention_scores=scores,
+                training=training,
+            )
+            out, w = out if scores else (out, None)
+            results.append((to_np(out), None if w is None else to_np(w)))
+        (out_5, w_5) = results[0]
+        real = np.arange(5)[None] < lengths[:, None]
+        for out, w in results[1:]:
+            self.assertAllClose(out[:, :5][real], out_5[real], atol=1e-5)
+            if scores:
+                self.assertAllClose(w[:, :, :5, :5], w_5, atol=1e-6)
+        # Without restoring the generator the next draw differs.
+        inputs = x[:, :5]
+        again = layer(
+            inputs,
+            inputs,
+            attention_mask=real[:, :, None] & real[:, None, :],
+            training=training,
+        )
+        self.assertGreater(np.abs(to_np(again) - out_5).max(), 1e-3)
 
     def test_dropout_is_independent_of_the_gumbel_noise(self):
         # MHA seeds its dropout with `seed` too. A Gumbel generator with

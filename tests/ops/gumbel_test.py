@@ -4,6 +4,7 @@ from absl.testing import parameterized
 from keras import ops
 
 from keras_attnvariants.ops import gumbel
+from keras_attnvariants.testing import numpy_reference as ref
 from keras_attnvariants.testing.gradients import gradients
 from keras_attnvariants.testing.test_case import TestCase
 
@@ -44,6 +45,43 @@ class GumbelOpsTest(TestCase):
         # Standard Gumbel: mean = Euler-Mascheroni, variance = pi^2 / 6.
         self.assertAllClose(a.mean(), 0.5772, atol=0.05)
         self.assertAllClose(a.var(), np.pi**2 / 6, atol=0.1)
+
+    @parameterized.parameters(0, 12345, -7, 2**31 - 1)
+    def test_positional_uniform_matches_numpy_reference(self, key):
+        shape = (2, 3, 5, 7)
+        got = ops.convert_to_numpy(gumbel.positional_uniform(key, shape))
+        self.assertEqual(got.dtype, np.float32)
+        self.assertAllClose(got, ref.positional_uniform(key, shape), atol=0)
+        # The same draw from a tensor key.
+        tensor_key = ops.convert_to_tensor(key, "int32")
+        again = gumbel.positional_uniform(tensor_key, shape)
+        self.assertAllClose(again, got, atol=0)
+
+    def test_positional_uniform_entries_do_not_depend_on_the_shape(self):
+        # Padding appended on any axis leaves the common entries unchanged.
+        small = ops.convert_to_numpy(gumbel.positional_uniform(9, (2, 3, 4)))
+        large = ops.convert_to_numpy(gumbel.positional_uniform(9, (3, 5, 11)))
+        self.assertAllClose(large[:2, :3, :4], small, atol=0)
+        other = ops.convert_to_numpy(gumbel.positional_uniform(10, (2, 3, 4)))
+        self.assertFalse(np.any(other == small))
+
+    def test_positional_uniform_is_uniform_and_uncorrelated(self):
+        u = ops.convert_to_numpy(
+            gumbel.positional_uniform(3, (8, 4, 64, 64))
+        ).astype(np.float64)
+        self.assertGreater(u.min(), 0.0)
+        self.assertLess(u.max(), 1.0)
+        # 131072 draws: standard errors 0.0008 (mean), 0.0009 (variance).
+        self.assertAllClose(u.mean(), 0.5, atol=0.004)
+        self.assertAllClose(u.var(), 1 / 12, atol=0.0045)
+        counts = np.histogram(u, bins=64, range=(0, 1))[0]
+        chi2 = ((counts - u.size / 64) ** 2 / (u.size / 64)).sum()
+        self.assertLess(chi2, 120)  # 63 dof: p ~ 2e-5
+        centred = u - 0.5
+        for axis in range(4):  # neighbours along every axis
+            a = np.take(centred, range(0, u.shape[axis] - 1), axis=axis)
+            b = np.take(centred, range(1, u.shape[axis]), axis=axis)
+            self.assertLess(abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]), 0.02)
 
     def test_relaxed_sample_matches_numpy_reference(self):
         scores, mask = inputs()
