@@ -1,8 +1,9 @@
 """Argument checks shared by the layers, losses, data and tools.
 
-Each accepts Python and NumPy scalars (not booleans), raises `ValueError`
-naming the argument, the expected form and the received value, and
-returns the value as a Python scalar (so configs stay JSON).
+Each accepts Python and NumPy scalars (the numeric checks: not booleans;
+`check_bool`: booleans only), raises `ValueError` naming the argument, the
+expected form and the received value, and returns the value as a Python
+scalar (so configs stay JSON).
 """
 
 import math
@@ -13,6 +14,14 @@ import numpy as np
 
 def _is_bool(value):
     return isinstance(value, (bool, np.bool_))
+
+
+def check_bool(name, value):
+    """`value` as a Python bool; only Python and NumPy booleans are accepted
+    (not `0` / `1`, strings such as `"false"`, or None)."""
+    if not _is_bool(value):
+        raise ValueError(f"`{name}` must be a bool. Received: {name}={value!r}")
+    return bool(value)
 
 
 def check_int(name, value, low=1, high=None):

@@ -215,6 +215,21 @@ def test_overhead_scripts_reject_zero_instead_of_defaulting(name):
     assert args.repeats >= 1 and args.steps >= 1
 
 
+def test_kq_alignment_overhead_rejects_unknown_methods(capsys):
+    # An unknown method raised a `ValueError` traceback, not a usage error.
+    script = _load("kq_alignment_overhead")
+    for argv in (["--methods", "gan", "wgan"], ["--methods", "none"]):
+        _rejects(script.parse_args, argv)
+        err = capsys.readouterr().err
+        assert err.startswith("usage:")
+        assert "error: argument --methods: invalid choice" in err
+    assert script.parse_args(["--methods", "ot", "gan"]).methods == [
+        "ot",
+        "gan",
+    ]
+    assert script.parse_args([]).methods == list(script.METHODS)
+
+
 def test_faster_path_is_the_direct_same_repeat_comparison():
     script = _load("accelerator_step")
     # Medians of the ratios to keras MHA say explicit (1.00x < 1.01x), the

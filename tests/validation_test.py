@@ -1,11 +1,13 @@
 """The shared argument check: Python and NumPy ints in, Python ints out."""
 
 import json
+import re
 
 import numpy as np
 import pytest
 
 import keras_attnvariants as kav
+from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
 from keras_attnvariants.validation import check_seed
@@ -70,3 +72,21 @@ def test_check_float_without_lower_bound():
             ValueError, match=r"`beta` must be a finite float\."
         ):
             check_float("beta", bad, low=None)
+
+
+def test_check_bool_accepts_python_and_numpy_bools():
+    for value in (True, False, np.bool_(True), np.bool_(False)):
+        got = check_bool("flag", value)
+        assert type(got) is bool and got == bool(value)
+
+
+@pytest.mark.parametrize(
+    "value", ["false", "True", "", 0, 1, np.int64(1), 0.0, 1.0, None, [True]]
+)
+def test_check_bool_rejects_non_bools(value):
+    with pytest.raises(
+        ValueError,
+        match=r"^`flag` must be a bool\. Received: flag="
+        + re.escape(repr(value)),
+    ):
+        check_bool("flag", value)

@@ -18,6 +18,7 @@ from keras_attnvariants.ops.gumbel import rows_with_valid_key
 from keras_attnvariants.ops.gumbel import selection_logits
 from keras_attnvariants.ops.gumbel import straight_through
 from keras_attnvariants.ops.normalization import masked_softmax
+from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_seed
 
@@ -224,7 +225,7 @@ class GumbelDiscreteAttention(VariantAttention):
         super().__init__(
             num_heads=num_heads, key_dim=key_dim, seed=seed, **kwargs
         )
-        self.straight_through = bool(straight_through)
+        self.straight_through = check_bool("straight_through", straight_through)
         self.inference_mode = inference_mode
         self.initial_temperature = float(temperature)
         self.seed_generator = keras.random.SeedGenerator(

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from keras import layers as keras_layers
 
+from keras_attnvariants.validation import check_bool
+
 
 @dataclass
 class AttentionCall:
@@ -84,6 +86,7 @@ def record_attention(layers, with_weights=False):
                 "`layers` must hold `keras.layers.MultiHeadAttention` "
                 f"instances. Received: {type(layer).__name__}"
             )
+    with_weights = check_bool("with_weights", with_weights)
     calls = []
     # (layer, the instance attribute it had before, if any), to restore.
     wrapped = []

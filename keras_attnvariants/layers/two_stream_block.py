@@ -17,7 +17,9 @@ from keras_attnvariants.ops.gumbel import selection_logits
 from keras_attnvariants.ops.masking import causal_mask
 from keras_attnvariants.ops.masking import merge_masks
 from keras_attnvariants.ops.normalization import masked_softmax
+from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_int
+from keras_attnvariants.validation import check_seed
 
 MODES = ("two_stream", "single_stream")
 MODEL_ATTENTIONS = ("discrete", "soft")
@@ -127,6 +129,8 @@ class TwoStreamBlock(keras.layers.Layer):
         num_heads = check_int("num_heads", num_heads)
         d_ff = check_int("d_ff", d_ff)
         num_controllers = check_int("num_controllers", num_controllers)
+        straight_through = check_bool("straight_through", straight_through)
+        update_controller = check_bool("update_controller", update_controller)
         if d_model % num_heads:
             raise ValueError(
                 "`d_model` must be divisible by `num_heads`. Received: "
@@ -159,11 +163,11 @@ class TwoStreamBlock(keras.layers.Layer):
         self.num_controllers = num_controllers
         self.mode = mode
         self.initial_temperature = float(temperature)
-        self.straight_through = bool(straight_through)
-        self.seed = seed
+        self.straight_through = straight_through
+        self.seed = check_seed(seed)
         self.model_attention = model_attention
-        self.update_controller = bool(update_controller)
-        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.update_controller = update_controller
+        self.seed_generator = keras.random.SeedGenerator(self.seed)
         head = d_model // num_heads
         policy = self.dtype_policy
 

@@ -10,6 +10,7 @@ from keras_attnvariants.losses.attention_loss import KeepsStepLosses
 from keras_attnvariants.ops.receptive_field import receptive_field_mean_size
 from keras_attnvariants.ops.receptive_field import receptive_field_union_size
 from keras_attnvariants.ops.receptive_field import receptive_fields
+from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
 from keras_attnvariants.validation import check_seed
@@ -104,6 +105,9 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         d_ff = check_int("d_ff", d_ff)
         num_views = check_int("num_views", num_views)
         seed = check_seed(seed)
+        share_embeddings = check_bool("share_embeddings", share_embeddings)
+        straight_through = check_bool("straight_through", straight_through)
+        mask_zero = check_bool("mask_zero", mask_zero)
         if mode not in MODES:
             raise ValueError(
                 f"`mode` must be one of {MODES}. Received: mode={mode!r}"
@@ -138,14 +142,14 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         self.d_ff = d_ff
         self.num_views = num_views
         self.mode = mode
-        self.share_embeddings = bool(share_embeddings)
+        self.share_embeddings = share_embeddings
         self.temperature = float(temperature)
-        self.straight_through = bool(straight_through)
+        self.straight_through = straight_through
         self.receptive_field_coefficient = float(receptive_field_coefficient)
         self.receptive_field_reduction = receptive_field_reduction
         self.seed = seed
         self.model_attention = model_attention
-        self.mask_zero = bool(mask_zero)
+        self.mask_zero = mask_zero
         policy = self.dtype_policy
 
         def embeddings(prefix):

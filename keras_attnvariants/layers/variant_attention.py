@@ -13,6 +13,7 @@ from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.losses.attention_loss import build_context
 from keras_attnvariants.ops.masking import merge_masks
 from keras_attnvariants.ops.masking import self_attention_padding_mask
+from keras_attnvariants.validation import check_bool
 
 ATTENTION_PATHS = ("auto", "explicit", "fused")
 # Query (B, T, N, H), key and value (B, S, N, H), scores (B, N, T, S).
@@ -195,6 +196,9 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             )
         # A Python float, so that the config stays JSON.
         kwargs["dropout"] = float(dropout)
+        self_attention_padding = check_bool(
+            "self_attention_padding", self_attention_padding
+        )
         losses = list(attention_losses or [])
         for term in losses:
             if not isinstance(term, AttentionLoss):
@@ -205,7 +209,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
                 )
         super().__init__(num_heads=num_heads, key_dim=key_dim, **kwargs)
         self.attention_losses = losses
-        self.self_attention_padding = bool(self_attention_padding)
+        self.self_attention_padding = self_attention_padding
         self.attention_path = attention_path
 
     def build(self, query_shape, value_shape, key_shape=None):

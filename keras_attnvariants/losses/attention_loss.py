@@ -33,6 +33,8 @@ from keras.src.backend.common.stateless_scope import get_stateless_scope
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
+from keras_attnvariants.validation import check_bool
+
 _TOKEN_IDS = threading.local()
 
 
@@ -182,7 +184,7 @@ class AttentionLoss(KeepsStepLosses, keras.layers.Layer):
         # weights would lose precision, large activations overflow).
         kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
-        self.track_metric = bool(track_metric)
+        self.track_metric = check_bool("track_metric", track_metric)
         # `loss_tracker` is None where it could not be updated (JAX).
         self.loss_tracker = None
         if self.track_metric and keras.config.backend() != "jax":

@@ -11,6 +11,7 @@ from keras_attnvariants.ops.transport import gaussian_mmd
 from keras_attnvariants.ops.transport import sinkhorn_cost
 from keras_attnvariants.ops.transport import squared_euclidean_cost
 from keras_attnvariants.ops.transport import uniform_marginal
+from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
 
@@ -274,6 +275,9 @@ class KQAlignment(AttentionLoss):
         if rho > 1.0:
             raise ValueError(f"`rho` must be in [0, 1]. Received: rho={rho}")
         reversal_beta = check_float("reversal_beta", reversal_beta)
+        adversary_per_head = check_bool(
+            "adversary_per_head", adversary_per_head
+        )
         if match_over not in MATCH_OVER:
             raise ValueError(
                 f"`match_over` must be one of {MATCH_OVER}. "
@@ -303,7 +307,7 @@ class KQAlignment(AttentionLoss):
         self.iterations = iterations
         self.bandwidth = float(bandwidth)
         self.rho = float(rho)
-        self.adversary_per_head = bool(adversary_per_head)
+        self.adversary_per_head = adversary_per_head
         self.match_over = match_over
         self.reversal_beta = float(reversal_beta)
         self.gan_loss = gan_loss

@@ -9,6 +9,7 @@ outputs are float32.
 from keras import ops
 
 from keras_attnvariants.ops.masking import MASK_FILL
+from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
 
@@ -110,6 +111,7 @@ def sinkhorn_plan(
     # uniform plan without a word).
     epsilon = check_float("epsilon", epsilon)
     iterations = check_int("iterations", iterations)
+    normalize_cost = check_bool("normalize_cost", normalize_cost)
     cost = ops.cast(cost, "float32")
     # valid: (..., n, m)
     rows, cols, valid = _pair_masks(cost, row_mask, col_mask)

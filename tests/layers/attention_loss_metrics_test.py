@@ -122,3 +122,15 @@ class AttentionLossMetricsTest(TestCase, parameterized.TestCase):
         self.assertEqual(layer.metrics, [])
         if keras.config.backend() != "jax":
             self.assertEqual(term.metrics, [term.loss_tracker])
+
+    def test_track_metric_must_be_a_bool(self):
+        # `bool("false")` turned the tracker on without a word.
+        for bad in ("false", 0, None):
+            with self.assertRaisesRegex(
+                ValueError,
+                r"`track_metric` must be a bool\. Received: track_metric=",
+            ):
+                QueryMean(track_metric=bad)
+        term = QueryMean(track_metric=np.bool_(False))
+        self.assertIs(term.get_config()["track_metric"], False)
+        self.assertIsNone(term.loss_tracker)

@@ -435,6 +435,11 @@ class GumbelDiscreteAttentionTest(TestCase):
             GumbelDiscreteAttention(**INIT, inference_mode="mode")
         with self.assertRaisesRegex(ValueError, "seed"):
             GumbelDiscreteAttention(**INIT, seed=1.5)
+        for bad in ("false", 0, None):
+            with self.assertRaisesRegex(
+                ValueError, "`straight_through` must be a bool"
+            ):
+                GumbelDiscreteAttention(**INIT, straight_through=bad)
         layer = GumbelDiscreteAttention(**INIT)
         with self.assertRaisesRegex(ValueError, "temperature"):
             layer.set_temperature(0.0)

@@ -41,3 +41,14 @@ class RecordAttentionTest(TestCase):
         with self.assertRaisesRegex(ValueError, "`layers`.*iterable"):
             with record_attention(mha()):
                 pass
+
+    def test_with_weights_must_be_a_bool(self):
+        # `"false"` recorded the weights (a truthy string).
+        layer = mha()
+        with self.assertRaisesRegex(
+            ValueError,
+            r"`with_weights` must be a bool\. Received: with_weights='false'",
+        ):
+            with record_attention([layer], with_weights="false"):
+                pass
+        self.assertNotIn("_compute_attention", vars(layer))

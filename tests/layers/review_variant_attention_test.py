@@ -101,6 +101,25 @@ class ConstructorArgumentsTest(TestCase, parameterized.TestCase):
         layer = kav.DoublyNormalizedAttention(2, 3, dropout=np.float32(0.25))
         self.assertIs(type(layer.get_config()["dropout"]), float)
 
+    @parameterized.named_parameters(
+        ("dnas", "DoublyNormalizedAttention", {}),
+        ("hnas", "HybridAttention", {"hybrid_init": 0.5}),
+    )
+    def test_self_attention_padding_must_be_a_bool(self, name, kwargs):
+        # `bool("false")` turned the padding rule on without a word.
+        cls = getattr(kav, name)
+        for bad in ("false", 1, None):
+            with self.assertRaisesRegex(
+                ValueError,
+                r"`self_attention_padding` must be a bool\. "
+                "Received: self_attention_padding=",
+            ):
+                cls(2, 3, self_attention_padding=bad, **kwargs)
+        layer = cls(2, 3, self_attention_padding=np.bool_(True), **kwargs)
+        config = layer.get_config()
+        self.assertIs(config["self_attention_padding"], True)
+        self.assertIs(cls.from_config(config).self_attention_padding, True)
+
 
 class FusedPathTest(TestCase, parameterized.TestCase):
     @parameterized.named_parameters(CASES)

@@ -204,6 +204,27 @@ class TwoStreamBlockTest(TestCase):
             g, h, _ = streams()
             block((g, h), view=2)
 
+    def test_flags_must_be_bools(self):
+        # `bool("false")` made a string flag True without a word.
+        for name in ("straight_through", "update_controller"):
+            for bad in ("false", 0, None):
+                with self.assertRaisesRegex(
+                    ValueError, rf"`{name}` must be a bool\. Received: {name}="
+                ):
+                    TwoStreamBlock(8, 2, 16, **{name: bad})
+        for bad in (1.5, "3", True):
+            with self.assertRaisesRegex(ValueError, "`seed` must be an int"):
+                TwoStreamBlock(8, 2, 16, seed=bad)
+        block = TwoStreamBlock(
+            8, 2, 16, straight_through=np.bool_(True), update_controller=False
+        )
+        config = block.get_config()
+        self.assertIs(config["straight_through"], True)
+        self.assertIs(config["update_controller"], False)
+        restored = TwoStreamBlock.from_config(config)
+        self.assertIs(restored.straight_through, True)
+        self.assertIs(restored.update_controller, False)
+
     def test_keras_mask_is_used_and_propagated(self):
         # A Keras mask (Embedding(mask_zero=True)) acts like `padding_mask`
         # and is passed on to both streams.

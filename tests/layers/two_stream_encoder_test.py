@@ -212,3 +212,30 @@ class TwoStreamEncoderTest(TestCase):
                 ValueError, r"`temperature` must be .*Received: temperature="
             ):
                 TwoStreamEncoder(10, 5, 1, temperature=bad)
+
+    def test_flags_must_be_bools(self):
+        # `bool("false")` made a string flag True without a word.
+        for name in ("share_embeddings", "straight_through", "mask_zero"):
+            for bad in ("false", 1, None):
+                with self.assertRaisesRegex(
+                    ValueError, rf"`{name}` must be a bool\. Received: {name}="
+                ):
+                    TwoStreamEncoder(10, 5, 1, **{name: bad})
+        encoder = TwoStreamEncoder(
+            10,
+            5,
+            1,
+            share_embeddings=np.bool_(False),
+            straight_through=True,
+            mask_zero=np.bool_(True),
+        )
+        config = encoder.get_config()
+        for name, want in (
+            ("share_embeddings", False),
+            ("straight_through", True),
+            ("mask_zero", True),
+        ):
+            self.assertIs(config[name], want)
+        restored = TwoStreamEncoder.from_config(config)
+        self.assertIs(restored.blocks[0].straight_through, True)
+        self.assertIs(restored.mask_zero, True)

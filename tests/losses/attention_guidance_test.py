@@ -390,6 +390,8 @@ class AttentionGuidanceRegularizerTest(TestCase):
         ("decay_float", {"decay_steps": 2.5}, "`decay_steps`"),
         ("decay_nan", {"decay_steps": float("nan")}, "`decay_steps`"),
         ("warm_inf", {"warm_steps": float("inf")}, "`warm_steps`"),
+        # `bool("false")` turned the tracker on without a word.
+        ("track_metric", {"track_metric": "false"}, "`track_metric` must be"),
     )
     def test_invalid_arguments(self, kwargs, message):
         args = {"head_patterns": {0: "next"}, "alpha": 1.0, **kwargs}

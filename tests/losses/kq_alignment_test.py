@@ -403,6 +403,24 @@ class KQAlignmentTest(TestCase):
             {"adversary_per_head": True, "match_over": "heads"},
             "adversary_per_head",
         ),
+        # `bool("false")` made a string flag True without a word.
+        (
+            "per_head_string",
+            {"adversary_per_head": "false"},
+            r"`adversary_per_head` must be a bool\. Received: "
+            "adversary_per_head='false'",
+        ),
+        (
+            "per_head_string_over_heads",
+            {"adversary_per_head": "false", "match_over": "heads"},
+            r"`adversary_per_head` must be a bool\.",
+        ),
+        ("per_head_int", {"adversary_per_head": 1}, "must be a bool"),
+        (
+            "track_metric_string",
+            {"track_metric": "false"},
+            r"`track_metric` must be a bool\. Received: track_metric='false'",
+        ),
     )
     def test_invalid_arguments(self, kwargs, name):
         with self.assertRaisesRegex(ValueError, name):

@@ -123,6 +123,13 @@ class SinkhornTest(TestCase):
         ("epsilon_inf", {"epsilon": float("inf")}, "epsilon"),
         ("iterations", {"iterations": 0}, "iterations"),
         ("iterations_float", {"iterations": 2.5}, "iterations"),
+        # `"false"` normalized the cost (a truthy string).
+        (
+            "normalize_cost_string",
+            {"normalize_cost": "false"},
+            r"`normalize_cost` must be a bool\. Received: normalize_cost=",
+        ),
+        ("normalize_cost_int", {"normalize_cost": 0}, "`normalize_cost`"),
     )
     def test_invalid_arguments(self, kwargs, name):
         with self.assertRaisesRegex(ValueError, name):
