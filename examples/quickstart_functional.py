@@ -36,8 +36,8 @@ def build(attention):
     x = keras.layers.Embedding(VOCAB, DIM, mask_zero=True)(tokens)
     x = x + attention(x, x)  # keys masked by the embedding's Keras mask
     x = keras.layers.LayerNormalization()(x)
-    # Keras MHA drops the Keras mask of its inputs, so the residual sum has
-    # none: pass it explicitly, or the mean would include the padding.
+    # The residual `+` returns no Keras mask (`keras.layers.Add` would keep
+    # it), so pass it explicitly, or the mean would include the padding.
     x = keras.layers.GlobalAveragePooling1D()(x, mask=real)
     outputs = keras.layers.Dense(2, activation="softmax")(x)
     model = keras.Model(tokens, outputs)

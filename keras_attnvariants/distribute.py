@@ -87,7 +87,14 @@ def pick_strategy(tpu=None, cpu_replicas=None):
         cpu_replicas = check_int("cpu_replicas", cpu_replicas)
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
-    except (ValueError, RuntimeError, tf.errors.NotFoundError) as error:
+    # OSError: off Google Cloud a TPU name is looked up on the metadata
+    # server, which fails with `urllib.error.URLError`.
+    except (
+        ValueError,
+        RuntimeError,
+        OSError,
+        tf.errors.NotFoundError,
+    ) as error:
         if tpu is not None:
             # Asked for by name: training on the CPU instead would hide it.
             raise ValueError(

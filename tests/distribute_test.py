@@ -68,6 +68,30 @@ def test_pick_strategy_named_tpu_that_fails_raises():
 
 
 @on_tf
+@pytest.mark.parametrize("tpu", ["my-tpu", None])
+def test_pick_strategy_tpu_lookup_failing_with_url_error(monkeypatch, tpu):
+    import urllib.error
+
+    import tensorflow as tf
+
+    from keras_attnvariants import distribute
+
+    # Off Google Cloud a named TPU is looked up on the metadata server:
+    # `URLError` came through instead of the documented ValueError.
+    def unreachable(tpu=None):
+        raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setattr(
+        tf.distribute.cluster_resolver, "TPUClusterResolver", unreachable
+    )
+    if tpu is None:  # nothing asked for by name: the default strategy
+        assert distribute.pick_strategy().num_replicas_in_sync == 1
+    else:
+        with pytest.raises(ValueError, match="tpu='my-tpu'"):
+            distribute.pick_strategy(tpu=tpu)
+
+
+@on_tf
 def test_pick_strategy_found_tpu_that_fails_to_initialize_raises(monkeypatch):
     import tensorflow as tf
 
