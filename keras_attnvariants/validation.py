@@ -59,11 +59,21 @@ def check_float(name, value, low=0.0, low_inclusive=False):
 
 
 def check_seed(seed):
-    """`seed` as a Python int, or None."""
+    """`seed` as a Python int in `[0, 2**32)`, or None.
+
+    The range every backend takes: JAX's seeds are uint32, and the Gumbel
+    noise hashes 32-bit words, so on TensorFlow (int64 seeds) seeds 2**32
+    apart would draw the same noise.
+    """
     if seed is None:
         return None
-    if _is_bool(seed) or not isinstance(seed, numbers.Integral):
+    if (
+        _is_bool(seed)
+        or not isinstance(seed, numbers.Integral)
+        or not 0 <= seed < 2**32
+    ):
         raise ValueError(
-            f"`seed` must be an int or None. Received: seed={seed!r}"
+            "`seed` must be an int in [0, 2**32) or None. "
+            f"Received: seed={seed!r}"
         )
     return int(seed)

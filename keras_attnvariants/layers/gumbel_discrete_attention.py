@@ -11,6 +11,7 @@ from keras_attnvariants.ops.gumbel import argmax_indices
 from keras_attnvariants.ops.gumbel import fmix32
 from keras_attnvariants.ops.gumbel import gather_values
 from keras_attnvariants.ops.gumbel import gumbel_from_uniform
+from keras_attnvariants.ops.gumbel import hash_words
 from keras_attnvariants.ops.gumbel import one_hot_at
 from keras_attnvariants.ops.gumbel import positional_uniform
 from keras_attnvariants.ops.gumbel import relaxed_sample
@@ -44,31 +45,31 @@ _REPLICA_SALT = 0x1B873593
 
 
 def noise_key(seed_generator):
-    """The int32 key of one noise draw (advances `seed_generator`).
+    """The 32-bit key of one noise draw (advances `seed_generator`).
 
-    A hash of the generator's two state words. Under `tf.distribute` every
-    replica holds the same generator state, so on the TensorFlow backend,
-    inside a replica context with more than one replica, the replica id is
-    hashed in as well: every (step, replica) pair draws its own noise (a
-    key of `counter + replica` would make replica r at step k + 1 redraw
-    replica r + 1's noise of step k). JAX data parallelism needs no such
-    step: there the batch index of `positional_uniform` is global.
+    A hash of the low 32 bits of the generator's two state words. Under
+    `tf.distribute` every replica holds the same generator state, so on the
+    TensorFlow backend, inside a replica context with more than one replica,
+    the replica id is hashed in as well: every (step, replica) pair draws
+    its own noise (a key of `counter + replica` would make replica r at step
+    k + 1 redraw replica r + 1's noise of step k). JAX data parallelism
+    needs no such step: there the batch index of `positional_uniform` is
+    global. (Under a PyTorch DistributedDataParallel, which this package
+    does not set up, every rank would draw the same noise.)
     """
-    seed = ops.cast(seed_generator.next(), "int32")  # bits of each word
-    key = fmix32(
-        ops.bitwise_xor(fmix32(ops.bitwise_xor(seed[0], _SEED_SALT)), seed[1])
-    )
+    seed = hash_words(seed_generator.next())  # the low 32 bits of each
+    key = fmix32(ops.bitwise_xor(seed[0], hash_words(_SEED_SALT)))
+    key = fmix32(ops.bitwise_xor(key, seed[1]))
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
         context = tf.distribute.get_replica_context()
         if context is not None and context.num_replicas_in_sync > 1:
-            replica = tf.cast(context.replica_id_in_sync_group, "int32")
-            key = fmix32(
-                ops.bitwise_xor(
-                    key, fmix32(ops.bitwise_xor(replica, _REPLICA_SALT))
-                )
+            replica = hash_words(context.replica_id_in_sync_group)
+            replica = fmix32(
+                ops.bitwise_xor(replica, hash_words(_REPLICA_SALT))
             )
+            key = fmix32(ops.bitwise_xor(key, replica))
     return key
 
 
@@ -157,8 +158,11 @@ class GumbelDiscreteAttention(VariantAttention):
     non-trainable float32 variable, so a schedule (see
     `keras_attnvariants.callbacks.temperature_schedule`) changes it inside
     a compiled `fit`. Noise comes from a `keras.random.SeedGenerator`
-    seeded by `seed`; under `tf.distribute` each replica draws different
-    noise.
+    seeded by `seed`, hashed with each score's index
+    (`ops.gumbel.positional_uniform`), so a sample on real tokens does
+    not change with the padding after them (MHA's `dropout`, drawn from
+    `keras.random`, does); under `tf.distribute` each replica draws
+    different noise.
 
     Args:
         num_heads: int. Number of attention heads.
@@ -169,7 +173,7 @@ class GumbelDiscreteAttention(VariantAttention):
             the relaxed sample's gradient. Defaults to `False`.
         inference_mode: one of `"argmax"`, `"sample"`, `"soft"`. Defaults
             to `"argmax"`.
-        seed: int or `None`. Seeds the Gumbel noise (through
+        seed: int in `[0, 2**32)` or `None`. Seeds the Gumbel noise (through
             `noise_seed`, so that it is independent of MHA's dropout, which
             this seed also seeds). Defaults to `None`.
         attention_losses, self_attention_padding, attention_path: as in

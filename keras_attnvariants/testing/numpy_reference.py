@@ -82,12 +82,28 @@ def fmix32(x):
 
 def positional_uniform(key, shape):
     """The counter-based uniforms of `ops.gumbel.positional_uniform`,
-    computed on unsigned 32-bit words: the hash chained over the axes,
-    each index `i` of axis `a` entering as `fmix32(i * 0x9E3779B9 + a + 1)`,
-    then the top 24 bits, centred."""
-    h = np.asarray(key % 2**32, np.uint32)
-    for axis, size in enumerate(shape):
+    computed on unsigned 32-bit words: two row words `a`, `b` hashed from
+    the key with two salts and chained over the leading axes, each index
+    `i` of axis `x` entering as `c = fmix32(i * 0x9E3779B9 + x + 1)`; the
+    last axis gives `fmix32(a ^ c * (b | 1))`; then the top 24 bits,
+    centred."""
+
+    def coordinates(size, axis):
         index = np.arange(size, dtype=np.uint64)
-        coordinate = fmix32((index * 0x9E3779B9 + axis + 1) % 2**32)
-        h = fmix32(h[..., None] ^ coordinate)
-    return ((h >> np.uint32(8)).astype(np.float64) + 0.5) / 2**24
+        return fmix32((index * 0x9E3779B9 + axis + 1) % 2**32)
+
+    key = np.uint32(key % 2**32)
+    row_a = fmix32(key ^ np.uint32(0x243F6A88))
+    row_b = fmix32(key ^ np.uint32(0x85A308D3))
+    if len(shape) == 0:
+        h = row_a
+    else:
+        for axis, size in enumerate(shape[:-1]):
+            c = coordinates(size, axis)
+            row_a = fmix32(row_a[..., None] ^ c)
+            row_b = fmix32(row_b[..., None] ^ c)
+        last = coordinates(shape[-1], len(shape) - 1).astype(np.uint64)
+        odd = (row_b[..., None] | np.uint32(1)).astype(np.uint64)
+        product = (last * odd % 2**32).astype(np.uint32)
+        h = fmix32(row_a[..., None] ^ product)
+    return ((np.asarray(h) >> np.uint32(8)).astype(np.float64) + 0.5) / 2**24

@@ -1,0 +1,150 @@
+"""Gumbel training noise that does not change with padding.
+
+The noise of score `(b, n, t, s)` is a hash of the generator state and of
+that index (`ops.gumbel.positional_uniform`), so samples on real tokens do
+not depend on how much padding follows them: along the keys, the queries
+or the batch, in `GumbelDiscreteAttention` and in the two-stream layers.
+"""
+
+import keras
+import numpy as np
+from absl.testing import parameterized
+from keras import ops
+
+from keras_attnvariants.layers.gumbel_discrete_attention import (
+    GumbelDiscreteAttention,
+)
+from keras_attnvariants.layers.gumbel_discrete_attention import noise_key
+from keras_attnvariants.layers.two_stream_encoder import TwoStreamEncoder
+from keras_attnvariants.testing import numpy_reference as ref
+from keras_attnvariants.testing.test_case import TestCase
+
+
+def _state_array(words, variable):
+    """The uint32 `words` in the dtype of a SeedGenerator state."""
+    dtype = keras.backend.standardize_dtype(variable.dtype)
+    return np.array(words, dtype=np.uint32).astype(dtype)
+
+
+def _states(generators):
+    return [ops.convert_to_numpy(g.state) for g in generators]
+
+
+def _restore(generators, states):
+    for generator, state in zip(generators, states):
+        generator.state.assign(state)
+
+
+class GumbelPaddingTest(TestCase):
+    @parameterized.parameters(
+        [0, 0], [7, 3], [2**31 + 5, 9], [2**32 - 1, 2**32 - 1]
+    )
+    def test_noise_key_matches_numpy_reference(self, seed, counter):
+        # The key hashes the low 32 bits of both state words, whatever the
+        # backend's state dtype (int64, uint32 or int32).
+        generator = keras.random.SeedGenerator(0)
+        generator.state.assign(_state_array([seed, counter], generator.state))
+        key = ops.convert_to_numpy(noise_key(generator))
+        words = np.array([seed, counter], np.uint32)
+        want = ref.fmix32(
+            ref.fmix32(words[0] ^ np.uint32(0x3C6EF372)) ^ words[1]
+        )
+        self.assertEqual(int(np.asarray(key).astype(np.uint32)), int(want))
+        # Each draw advances the counter word.
+        state = ops.convert_to_numpy(generator.state).astype(np.uint32)
+        self.assertEqual(int(state[1]), (counter + 1) % 2**32)
+
+    @parameterized.parameters(
+        {"straight_through": False}, {"straight_through": True}
+    )
+    def test_cross_attention_ignores_key_query_and_batch_padding(
+        self, straight_through
+    ):
+        rng = np.random.default_rng(3)
+        q_len, k_len = np.array([4, 2]), np.array([5, 3])
+        query = rng.normal(size=(3, 9, 4)).astype("float32")
+        value = rng.normal(size=(3, 11, 4)).astype("float32")
+        layer = GumbelDiscreteAttention(
+            num_heads=2, key_dim=3, seed=8, straight_through=straight_through
+        )
+        layer(query[:2, :4], value[:2, :5])
+        start = _states([layer.seed_generator])
+
+        def run(batch, t, s):
+            # Padding holds other garbage at every size; row 2 is padding
+            # only (a batch padded to a fixed size).
+            lengths_q = np.append(q_len, 0)[:batch]
+            lengths_k = np.append(k_len, 0)[:batch]
+            q_valid = np.arange(t)[None] < lengths_q[:, None]
+            k_valid = np.arange(s)[None] < lengths_k[:, None]
+            fill = rng.normal(size=(1,)) * 7
+            q = np.where(q_valid[..., None], query[:batch, :t], fill)
+            v = np.where(k_valid[..., None], value[:batch, :s], fill)
+            _restore([layer.seed_generator], start)
+            out, w = layer(
+                q.astype("float32"),
+                v.astype("float32"),
+                attention_mask=q_valid[:, :, None] & k_valid[:, None, :],
+                return_attention_scores=True,
+                training=True,
+            )
+            return ops.convert_to_numpy(out), ops.convert_to_numpy(w)
+
+        base_out, base_w = run(2, 4, 5)
+        for batch, t, s in ((2, 9, 5), (2, 4, 11), (3, 7, 8)):
+            out, w = run(batch, t, s)
+            for b in range(2):
+                self.assertAllClose(
+                    out[b, : q_len[b]], base_out[b, : q_len[b]], atol=1e-5
+                )
+                self.assertAllClose(
+                    w[b, :, : q_len[b], : k_len[b]],
+                    base_w[b, :, : q_len[b], : k_len[b]],
+                    atol=1e-6,
+                )
+        # The samples are noisy: another draw differs.
+        _, again = layer(
+            query[:2, :4],
+            value[:2, :5],
+            return_attention_scores=True,
+            training=True,
+        )
+        self.assertGreater(
+            np.abs(ops.convert_to_numpy(again) - base_w).max(), 1e-3
+        )
+
+    @parameterized.parameters(
+        {"mode": "two_stream"},
+        {"mode": "two_stream", "straight_through": True},
+        {"mode": "single_stream"},
+    )
+    def test_two_stream_encoder_training_ignores_padding(self, **kwargs):
+        keras.utils.set_random_seed(0)
+        encoder = TwoStreamEncoder(
+            12, 16, 2, d_model=8, num_heads=2, d_ff=16, seed=4, **kwargs
+        )
+        tokens = np.array([[3, 4, 5, 6, 7], [1, 2, 3, 0, 0]], "int32")
+        lengths = np.array([5, 3])
+        generators = [block.seed_generator for block in encoder.blocks]
+        encoder(tokens)
+        start = _states(generators)
+
+        def run(total):
+            ids = np.zeros((2, total), "int32")
+            ids[:, :5] = tokens
+            _restore(generators, start)
+            h, attentions = encoder(ids, return_attention=True, training=True)
+            return ops.convert_to_numpy(h), [
+                ops.convert_to_numpy(z) for z in attentions
+            ]
+
+        base_h, base_z = run(5)
+        h, z = run(12)
+        for b, length in enumerate(lengths):
+            self.assertAllClose(h[b, :length], base_h[b, :length], atol=1e-5)
+            for layer_z, layer_base in zip(z, base_z):
+                self.assertAllClose(
+                    layer_z[b, :, :length, :length],
+                    layer_base[b, :, :length, :length],
+                    atol=1e-6,
+                )
