@@ -175,7 +175,13 @@ class ConvertBackboneTest(TestCase):
 
     @parameterized.named_parameters(ENCODER_CASES)
     def test_padding_invariance_dnas_and_hnas(self, name):
-        original = self.originals[name]
+        # Sharpened scores: with the near-uniform attention of a random
+        # init, padded queries leaking into DNAS's column step moved the
+        # outputs by less than the tolerance.
+        original = ENCODERS[name]()
+        for v in original.weights:
+            if v.path.endswith(("query/kernel", "key/kernel")):
+                v.assign(v * 30.0)
         for cls, kwargs in (
             (kav.DoublyNormalizedAttention, {}),
             (kav.HybridAttention, {"hybrid_init": 0.7}),

@@ -87,6 +87,36 @@ class HybridAttentionTest(TestCase):
         )
         self.assertAllClose(out[q_valid], want[q_valid], atol=1e-5)
 
+    @parameterized.parameters("explicit", "fused")
+    def test_sinkhorn_iterations_match_numpy_reference(self, path):
+        # The DNAS part runs `iterations` Sinkhorn steps (paper Eq. 10).
+        query, value, mask, q_valid = inputs(4)
+        query, value = query * 3, value * 3
+        layer = kav.HybridAttention(**INIT, iterations=3, attention_path=path)
+        layer(query, value)
+        layer.hybrid_weight.assign(np.array([0.4, 1.0], "float32"))
+        mix = np.array([0.4, 1.0]).reshape(1, 2, 1, 1)
+
+        def hybrid(iterations):
+            return lambda s, m: (
+                mix * ref.doubly_normalized_attention(s, m, iterations)
+                + (1 - mix) * ref.softmax_attention(s, m)
+            )
+
+        want, want_w = ref.multi_head_attention(
+            layer, query, value, hybrid(3), mask
+        )
+        out = ops.convert_to_numpy(layer(query, value, attention_mask=mask))
+        _, weights = layer(
+            query, value, attention_mask=mask, return_attention_scores=True
+        )
+        self.assertAllClose(weights, want_w, atol=1e-5)
+        self.assertAllClose(out[q_valid], want[q_valid], atol=1e-5)
+        _, one_step = ref.multi_head_attention(
+            layer, query, value, hybrid(1), mask
+        )
+        self.assertGreater(np.abs(one_step - want_w).max(), 1e-2)
+
     def test_hybrid_weights_property_and_bounds(self):
         query, value, mask, _ = inputs()
         layer = kav.HybridAttention(**INIT, hybrid_init=0.1)

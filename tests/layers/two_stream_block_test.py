@@ -64,6 +64,34 @@ class TwoStreamBlockTest(TestCase):
             idx[mask[..., 0].repeat(2, 1)],
         )
 
+    def test_controller_stream_is_soft_attention_over_its_own_values(self):
+        # g_i += O(sum_j A_ij V g_j), A the masked softmax; then post-LN FFN.
+        g, h, valid = streams(7)
+        block = TwoStreamBlock(8, 2, 16, seed=0)
+        (g_out, _), _ = block((g, h), padding_mask=valid)
+        c = block.controllers[0]
+
+        def proj(x, layer):
+            kernel, bias = (np.asarray(w) for w in layer.weights)
+            return np.einsum("btd,dnh->btnh", x, kernel) + bias
+
+        q, k, v = (proj(g, c[name]) for name in ("query", "key", "value"))
+        scores = np.einsum("btnh,bsnh->bnts", q, k) / 2.0
+        mask = (valid[:, :, None] & valid[:, None, :])[:, None]
+        a = np.exp(np.where(mask, scores, -np.inf) - scores.max())
+        a = a / np.maximum(a.sum(-1, keepdims=True), 1e-30)  # 0 if padded
+        wo, bo = (np.asarray(w) for w in c["output"].weights)
+        mixed = np.einsum("bnts,bsnh->btnh", a, v)
+        update = np.einsum("btnh,nhd->btd", mixed, wo) + bo
+        ff1, ff2, norm1, norm2 = c["ffn"]
+        x = np_layer_norm(g + update, norm1)
+        x = np_layer_norm(
+            x + np_dense(np.maximum(np_dense(x, ff1), 0), ff2), norm2
+        )
+        self.assertAllClose(
+            ops.convert_to_numpy(g_out)[valid], x[valid], atol=1e-4
+        )
+
     def test_training_samples_and_controller_gets_gradients_only_via_z(self):
         g, h, valid = streams(1)
         block = TwoStreamBlock(8, 2, 16, seed=1)
@@ -130,6 +158,52 @@ class TwoStreamBlockTest(TestCase):
         z = ops.convert_to_numpy(z)
         self.assertEqual(tuple(out.shape), (2, 5, 8))
         self.assertTrue(np.all(z[..., ~np.tril(np.ones((5, 5), bool))] == 0))
+
+    def test_single_stream_reads_its_own_argmax_value_causally(self):
+        # One stream: h_i += O(V h_{z_i}), z_i = argmax_{j <= i} of its own
+        # scores, then the post-LN feed-forward network.
+        _, h, valid = streams(8)
+        block = TwoStreamBlock(8, 2, 16, mode="single_stream", seed=0)
+        out, z = block(h, padding_mask=valid, use_causal_mask=True)
+        c = block.controllers[0]
+
+        def proj(x, layer):
+            kernel, bias = (np.asarray(w) for w in layer.weights)
+            return np.einsum("btd,dnh->btnh", x, kernel) + bias
+
+        q, k, v = (proj(h, c[name]) for name in ("query", "key", "value"))
+        scores = np.einsum("btnh,bsnh->bnts", q, k) / 2.0
+        mask = valid[:, :, None] & valid[:, None, :] & np.tri(5, dtype=bool)
+        idx = np.argmax(np.where(mask[:, None], scores, -np.inf), -1)
+        picked = np.stack(
+            [
+                np.stack([v[b, idx[b, n], n] for n in range(2)], 1)
+                for b in range(2)
+            ]
+        )  # (B, T, N, H)
+        wo, bo = (np.asarray(w) for w in c["output"].weights)
+        update = np.einsum("btnh,nhd->btd", picked, wo) + bo
+        ff1, ff2, norm1, norm2 = c["ffn"]
+        x = np_layer_norm(h + update, norm1)
+        x = np_layer_norm(
+            x + np_dense(np.maximum(np_dense(x, ff1), 0), ff2), norm2
+        )
+        self.assertAllClose(
+            ops.convert_to_numpy(out)[valid], x[valid], atol=1e-4
+        )
+        self.assertAllEqual(
+            np.argmax(ops.convert_to_numpy(z), -1)[:, :, valid[1]],
+            idx[:, :, valid[1]],
+        )
+        # Causal: a later token never changes an earlier output.
+        changed = h.copy()
+        changed[:, 3:] += 5.0
+        again, _ = block(changed, padding_mask=valid, use_causal_mask=True)
+        self.assertAllClose(
+            ops.convert_to_numpy(again)[:, :3],
+            ops.convert_to_numpy(out)[:, :3],
+            atol=1e-6,
+        )
 
     def test_soft_model_attention_reads_the_softmax_mixture(self):
         g, h, valid = streams(5)

@@ -93,6 +93,16 @@ class TwoStreamEncoderTest(TestCase):
         loss = float(keras.ops.convert_to_numpy(encoder.losses[0]))
         # Mean field size lies in [1, T] per position; times 0.1.
         self.assertTrue(0.1 <= loss <= 0.5)
+        # Exactly 0.1 * the mean over real positions of the soft field size
+        # after both layers (appendix recursion, padding left out).
+        valid = TOKENS != 0
+        pair = (valid[:, :, None] & valid[:, None, :]).astype("float64")
+        fields = np.eye(5)[None] * pair
+        for z in attentions:
+            z = keras.ops.convert_to_numpy(z).astype("float64").sum(1)
+            fields = np.minimum(fields + (z * pair) @ fields, 1.0)
+        sizes = (fields.sum(-1) * valid).sum(-1) / valid.sum(-1)
+        self.assertAllClose(loss, 0.1 * sizes.mean(), atol=1e-5)
         self.assertEqual(len(attentions), 2)
         # The temperature schedule finds every block.
         self.assertEqual(len(gumbel_layers(classifier(encoder))), 2)

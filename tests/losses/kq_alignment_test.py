@@ -4,6 +4,7 @@ import keras
 import numpy as np
 from absl.testing import parameterized
 from keras import ops
+from scipy.special import logsumexp
 
 from keras_attnvariants.layers.hybrid_attention import HybridAttention
 from keras_attnvariants.losses.kq_alignment import KQAlignment
@@ -199,6 +200,54 @@ class KQAlignmentTest(TestCase):
             ]
         )
         self.assertAllClose(got, 2.0 * want, atol=1e-6)
+
+    def test_mmd_bandwidth_matches_numpy(self):
+        q, k, q_mask, k_mask = projected(5, shift=0.5)
+        term = KQAlignment(method="mmd", weight=1.0, bandwidth=2.5)
+        got = term(q, k, q_mask, k_mask)
+        want = np.mean(
+            [
+                gaussian_mmd(
+                    q[b, q_mask[b], n], k[b, k_mask[b], n], bandwidth=2.5
+                )
+                for b in range(2)
+                for n in range(3)
+            ]
+        )
+        self.assertAllClose(got, want, atol=1e-6)
+        # Independent of the package: the Gaussian kernel of width 2.5.
+        x, y = q[1, q_mask[1], 2], k[1, k_mask[1], 2]
+
+        def kernel(a, b):
+            d = ((a[:, None] - b[None]) ** 2).sum(-1)
+            return np.exp(-d / (2 * 2.5**2)).mean()
+
+        self.assertAllClose(
+            gaussian_mmd(x, y, bandwidth=2.5),
+            kernel(x, x) + kernel(y, y) - 2 * kernel(x, y),
+            atol=1e-6,
+        )
+
+    def test_ot_matches_numpy_sinkhorn_per_example_and_head(self):
+        # Eq. 3 with the term's `epsilon` and `iterations`: log-domain
+        # Sinkhorn on the normalized squared distances of the real tokens.
+        q, k, q_mask, k_mask = projected(6, shift=0.4)
+        term = KQAlignment(method="ot", weight=0.5, epsilon=0.2, iterations=3)
+        got = term(q, k, q_mask, k_mask)
+        values = []
+        for b in range(2):
+            for n in range(3):
+                x = q[b, q_mask[b], n].astype("float64")
+                y = k[b, k_mask[b], n].astype("float64")
+                cost = ((x[:, None] - y[None]) ** 2).sum(-1)
+                kernel = -cost / cost.max() / 0.2
+                u, v = np.zeros(len(x)), np.zeros(len(y))
+                for _ in range(3):
+                    u = -np.log(len(x)) - logsumexp(kernel + v[None], 1)
+                    v = -np.log(len(y)) - logsumexp(kernel + u[:, None], 0)
+                plan = np.exp(kernel + u[:, None] + v[None])
+                values.append((plan * cost).sum())
+        self.assertAllClose(got, 0.5 * np.mean(values), rtol=1e-5, atol=0)
 
     @parameterized.named_parameters(
         ("gan", "gan", {}),

@@ -59,6 +59,22 @@ class NormalizationTest(TestCase):
         got = kav_ops.hybrid_normalize(scores, mix, mask)
         self.assertAllClose(got, ref.hybrid_attention(scores, mix, mask))
 
+    @parameterized.parameters(2, 4)
+    def test_hybrid_with_sinkhorn_iterations_matches_numpy(self, iterations):
+        # Paper Eq. 12 with the DNAS part of Eq. 10 (`iterations` steps).
+        rng = np.random.default_rng(10 + iterations)
+        scores = (rng.normal(size=(2, 3, 5, 7)) * 3).astype("float32")
+        mask = random_padded_mask(rng, 2, 5, 7)[:, None]
+        mix = np.array([0.0, 0.3, 1.0], "float32").reshape(3, 1, 1)
+        got = kav_ops.hybrid_normalize(scores, mix, mask, iterations)
+        want = mix * ref.doubly_normalized_attention(
+            scores, mask, iterations
+        ) + (1 - mix) * ref.softmax_attention(scores, mask)
+        self.assertAllClose(got, want, atol=1e-5)
+        # The iterations matter here: one-step HNAS is far from it.
+        one_step = ref.hybrid_attention(scores, mix, mask)
+        self.assertGreater(np.abs(one_step - want).max(), 1e-2)
+
     def test_masked_entries_exactly_zero_and_empty_rows_columns_zero(self):
         scores = np.random.default_rng(5).normal(size=(4, 5)).astype("float32")
         mask = np.ones((4, 5), bool)

@@ -83,6 +83,18 @@ class SinkhornTest(TestCase):
         )
         self.assertAllClose(plan[row_mask][:, col_mask], want, atol=1e-6)
 
+    def test_cost_equals_numpy_plan_times_raw_cost_with_masks(self):
+        # `<C, P>` with the raw (not the normalized) cost, over the valid
+        # block only.
+        x, y = clouds(8, 6, 5)
+        cost = ops.convert_to_numpy(transport.squared_euclidean_cost(x, y))
+        row_mask = np.array([1, 1, 0, 1, 1, 0], bool)
+        col_mask = np.array([1, 0, 1, 1, 1], bool)
+        got = transport.sinkhorn_cost(cost, 0.05, 20, row_mask, col_mask)
+        sub = cost[row_mask][:, col_mask].astype(np.float64)
+        want = (numpy_sinkhorn(sub, 0.05, 20) * sub).sum()
+        self.assertAllClose(got, want, rtol=1e-5, atol=0)
+
     def test_fully_masked_and_zero_cost_are_finite(self):
         cost = np.zeros((2, 4, 3), "float32")
         plan = transport.sinkhorn_plan(
@@ -172,6 +184,23 @@ class ConditionalTransportTest(TestCase):
         g = np.exp(logits - logsumexp(logits, axis=0, keepdims=True))
         want = 0.3 * (f * cost).sum(1).mean() + 0.7 * (g * cost).sum(0).mean()
         got = transport.conditional_transport_cost(cost, logits, rho=0.3)
+        self.assertAllClose(got, want, atol=1e-6)
+
+    def test_masked_cost_matches_numpy_on_the_valid_block(self):
+        # Uniform marginals over the valid points only: 1/3 and 1/4 here.
+        rng = np.random.default_rng(3)
+        cost = rng.uniform(size=(5, 6)).astype("float32")
+        logits = rng.normal(size=(5, 6)).astype("float32")
+        row_mask = np.array([1, 0, 1, 1, 0], bool)
+        col_mask = np.array([1, 1, 0, 1, 1, 0], bool)
+        c = cost[row_mask][:, col_mask]
+        z = logits[row_mask][:, col_mask]
+        f = np.exp(z - logsumexp(z, axis=1, keepdims=True))
+        g = np.exp(z - logsumexp(z, axis=0, keepdims=True))
+        want = 0.3 * (f * c).sum(1).mean() + 0.7 * (g * c).sum(0).mean()
+        got = transport.conditional_transport_cost(
+            cost, logits, row_mask, col_mask, rho=0.3
+        )
         self.assertAllClose(got, want, atol=1e-6)
 
     def test_cosine_cost_range(self):
