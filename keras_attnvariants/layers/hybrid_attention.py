@@ -117,8 +117,10 @@ class HybridAttention(VariantAttention):
 
     @property
     def hybrid_weights(self):
-        """The per-head mixing weights `u`, shape `(num_heads,)`."""
-        return ops.convert_to_numpy(self.hybrid_weight)
+        """The per-head mixing weights `u` the layer uses, shape
+        `(num_heads,)`: the variable clipped to `[0, 1]`, as in `call` (a
+        value assigned by hand is not clipped until the next update)."""
+        return np.clip(ops.convert_to_numpy(self.hybrid_weight), 0.0, 1.0)
 
     def _mix(self):
         # u: (N, 1, 1), float32, clipped in case it was assigned by hand.

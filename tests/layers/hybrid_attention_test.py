@@ -125,6 +125,19 @@ class HybridAttentionTest(TestCase):
         # The constraint clips after updates, so 0 and 1 are reachable.
         constraint = layer.hybrid_weight.constraint
         self.assertAllClose(constraint(np.array([-0.5, 1.7])), [0.0, 1.0])
+        # A value assigned by hand is used clipped, and reported so: 1.7
+        # was reported while the forward pass mixed with 1.
+        layer.hybrid_weight.assign(np.array([1.7, -0.3], "float32"))
+        self.assertAllClose(layer.hybrid_weights, [1.0, 0.0])
+        clipped = kav.HybridAttention(**INIT, hybrid_init=0.5)
+        clipped(query, value)
+        clipped.set_weights(layer.get_weights())
+        clipped.hybrid_weight.assign(np.array([1.0, 0.0], "float32"))
+        self.assertAllClose(
+            layer(query, value, attention_mask=mask),
+            clipped(query, value, attention_mask=mask),
+            atol=1e-6,
+        )
 
     def test_training_keeps_weights_in_unit_interval(self):
         query, value, mask, _ = inputs()
