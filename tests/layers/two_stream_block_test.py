@@ -26,6 +26,24 @@ def np_dense(x, layer):
     return x @ kernel + bias
 
 
+def np_heads(x, layer):
+    """A per-head projection `(B, T, D) -> (B, T, N, H)` in NumPy."""
+    kernel, bias = (np.asarray(w) for w in layer.weights)
+    return np.einsum("btd,dnh->btnh", x, kernel) + bias
+
+
+def np_residual_update(stream, read, parts):
+    """`stream` plus the output projection of `read` `(B, T, N, H)`, then
+    the post-LN feed-forward network, in NumPy."""
+    wo, bo = (np.asarray(w) for w in parts["output"].weights)
+    update = np.einsum("btnh,nhd->btd", read, wo) + bo
+    ff1, ff2, norm1, norm2 = parts["ffn"]
+    x = np_layer_norm(stream + update, norm1)
+    return np_layer_norm(
+        x + np_dense(np.maximum(np_dense(x, ff1), 0), ff2), norm2
+    )
+
+
 class TwoStreamBlockTest(TestCase):
     def test_model_stream_reads_the_controllers_argmax_token(self):
         g, h, valid = streams()
@@ -71,23 +89,13 @@ class TwoStreamBlockTest(TestCase):
         (g_out, _), _ = block((g, h), padding_mask=valid)
         c = block.controllers[0]
 
-        def proj(x, layer):
-            kernel, bias = (np.asarray(w) for w in layer.weights)
-            return np.einsum("btd,dnh->btnh", x, kernel) + bias
-
-        q, k, v = (proj(g, c[name]) for name in ("query", "key", "value"))
+        q, k, v = (np_heads(g, c[name]) for name in ("query", "key", "value"))
         scores = np.einsum("btnh,bsnh->bnts", q, k) / 2.0
         mask = (valid[:, :, None] & valid[:, None, :])[:, None]
         a = np.exp(np.where(mask, scores, -np.inf) - scores.max())
         a = a / np.maximum(a.sum(-1, keepdims=True), 1e-30)  # 0 if padded
-        wo, bo = (np.asarray(w) for w in c["output"].weights)
         mixed = np.einsum("bnts,bsnh->btnh", a, v)
-        update = np.einsum("btnh,nhd->btd", mixed, wo) + bo
-        ff1, ff2, norm1, norm2 = c["ffn"]
-        x = np_layer_norm(g + update, norm1)
-        x = np_layer_norm(
-            x + np_dense(np.maximum(np_dense(x, ff1), 0), ff2), norm2
-        )
+        x = np_residual_update(g, mixed, c)
         self.assertAllClose(
             ops.convert_to_numpy(g_out)[valid], x[valid], atol=1e-4
         )
@@ -167,11 +175,7 @@ class TwoStreamBlockTest(TestCase):
         out, z = block(h, padding_mask=valid, use_causal_mask=True)
         c = block.controllers[0]
 
-        def proj(x, layer):
-            kernel, bias = (np.asarray(w) for w in layer.weights)
-            return np.einsum("btd,dnh->btnh", x, kernel) + bias
-
-        q, k, v = (proj(h, c[name]) for name in ("query", "key", "value"))
+        q, k, v = (np_heads(h, c[name]) for name in ("query", "key", "value"))
         scores = np.einsum("btnh,bsnh->bnts", q, k) / 2.0
         mask = valid[:, :, None] & valid[:, None, :] & np.tri(5, dtype=bool)
         idx = np.argmax(np.where(mask[:, None], scores, -np.inf), -1)
@@ -181,13 +185,7 @@ class TwoStreamBlockTest(TestCase):
                 for b in range(2)
             ]
         )  # (B, T, N, H)
-        wo, bo = (np.asarray(w) for w in c["output"].weights)
-        update = np.einsum("btnh,nhd->btd", picked, wo) + bo
-        ff1, ff2, norm1, norm2 = c["ffn"]
-        x = np_layer_norm(h + update, norm1)
-        x = np_layer_norm(
-            x + np_dense(np.maximum(np_dense(x, ff1), 0), ff2), norm2
-        )
+        x = np_residual_update(h, picked, c)
         self.assertAllClose(
             ops.convert_to_numpy(out)[valid], x[valid], atol=1e-4
         )

@@ -33,6 +33,26 @@ def numpy_sinkhorn(cost, epsilon, iterations):
     return np.exp(kernel + u[:, None] + v[None])
 
 
+def masked_ct_inputs(seed):
+    """A `(5, 6)` cost and logits with 3 valid rows and 4 valid columns."""
+    rng = np.random.default_rng(seed)
+    cost = rng.uniform(size=(5, 6)).astype("float32")
+    logits = rng.normal(size=(5, 6)).astype("float32")
+    row_mask = np.array([1, 0, 1, 1, 0], bool)
+    col_mask = np.array([1, 1, 0, 1, 1, 0], bool)
+    return cost, logits, row_mask, col_mask
+
+
+def np_conditional_transport(cost, logits, rho):
+    """Bidirectional CT cost with uniform marginals, from the formula."""
+    forward = np.exp(logits - logsumexp(logits, axis=1, keepdims=True))
+    backward = np.exp(logits - logsumexp(logits, axis=0, keepdims=True))
+    return (
+        rho * (forward * cost).sum(1).mean()
+        + (1 - rho) * (backward * cost).sum(0).mean()
+    )
+
+
 class SinkhornTest(TestCase):
     @parameterized.parameters((30, 30, 0), (24, 40, 1), (48, 36, 2))
     def test_marginals_within_1e3_after_default_iterations(self, n, m, seed):
@@ -180,24 +200,16 @@ class ConditionalTransportTest(TestCase):
         rng = np.random.default_rng(1)
         cost = rng.uniform(size=(4, 6)).astype("float32")
         logits = rng.normal(size=(4, 6)).astype("float32")
-        f = np.exp(logits - logsumexp(logits, axis=1, keepdims=True))
-        g = np.exp(logits - logsumexp(logits, axis=0, keepdims=True))
-        want = 0.3 * (f * cost).sum(1).mean() + 0.7 * (g * cost).sum(0).mean()
+        want = np_conditional_transport(cost, logits, rho=0.3)
         got = transport.conditional_transport_cost(cost, logits, rho=0.3)
         self.assertAllClose(got, want, atol=1e-6)
 
     def test_masked_cost_matches_numpy_on_the_valid_block(self):
         # Uniform marginals over the valid points only: 1/3 and 1/4 here.
-        rng = np.random.default_rng(3)
-        cost = rng.uniform(size=(5, 6)).astype("float32")
-        logits = rng.normal(size=(5, 6)).astype("float32")
-        row_mask = np.array([1, 0, 1, 1, 0], bool)
-        col_mask = np.array([1, 1, 0, 1, 1, 0], bool)
+        cost, logits, row_mask, col_mask = masked_ct_inputs(3)
         c = cost[row_mask][:, col_mask]
         z = logits[row_mask][:, col_mask]
-        f = np.exp(z - logsumexp(z, axis=1, keepdims=True))
-        g = np.exp(z - logsumexp(z, axis=0, keepdims=True))
-        want = 0.3 * (f * c).sum(1).mean() + 0.7 * (g * c).sum(0).mean()
+        want = np_conditional_transport(c, z, rho=0.3)
         got = transport.conditional_transport_cost(
             cost, logits, row_mask, col_mask, rho=0.3
         )
@@ -211,11 +223,7 @@ class ConditionalTransportTest(TestCase):
         self.assertAllClose(cost, 1 - xn @ yn.T, atol=1e-6)
 
     def test_non_finite_masked_costs_have_no_influence(self):
-        rng = np.random.default_rng(2)
-        cost = rng.uniform(size=(5, 6)).astype("float32")
-        logits = rng.normal(size=(5, 6)).astype("float32")
-        row_mask = np.array([1, 0, 1, 1, 0], bool)
-        col_mask = np.array([1, 1, 0, 1, 1, 0], bool)
+        cost, logits, row_mask, col_mask = masked_ct_inputs(2)
         valid = row_mask[:, None] & col_mask[None, :]
         want = transport.conditional_transport_cost(
             cost, logits, row_mask, col_mask
