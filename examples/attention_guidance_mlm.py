@@ -40,6 +40,7 @@ import numpy as np
 from flag_types import non_negative_float
 from flag_types import positive_float
 from flag_types import positive_int
+from flag_types import seed
 from keras import ops
 
 import keras_attnvariants as kav
@@ -236,7 +237,7 @@ def parse_args(argv=None):
         "its default 10; 100 slowed MLM at this scale)",
     )
     parser.add_argument("--reduction", choices=("sum", "mean"), default="mean")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument(
         "--output-dir",
         default=os.path.join(tempfile.gettempdir(), "attention_guidance_mlm"),

@@ -38,3 +38,12 @@ def unit_float(text):
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
     return value
+
+
+def seed(text):
+    """argparse type: a seed, an int in [0, 2**31) (the range every Keras
+    backend's SeedGenerator takes)."""
+    value = int(text)
+    if not 0 <= value < 2**31:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**31), got {value}")
+    return value

@@ -47,6 +47,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from flag_types import positive_float  # noqa: E402
 from flag_types import positive_int  # noqa: E402
+from flag_types import seed  # noqa: E402
 
 from keras_attnvariants.datasets.arithmetic import multiview_arithmetic  # noqa: E402
 from keras_attnvariants.datasets.arithmetic import tokenize  # noqa: E402
@@ -134,7 +135,7 @@ def parse_args(argv=None):
         help="seconds per model: training stops after the epoch in which "
         "the limit passes (the table then states the epochs run)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument(
         "--models",
         nargs="+",

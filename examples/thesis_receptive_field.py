@@ -43,6 +43,7 @@ import numpy as np  # noqa: E402
 from flag_types import non_negative_float  # noqa: E402
 from flag_types import positive_float  # noqa: E402
 from flag_types import positive_int  # noqa: E402
+from flag_types import seed  # noqa: E402
 from keras import ops  # noqa: E402
 
 from keras_attnvariants.callbacks import TemperatureSchedule  # noqa: E402
@@ -115,7 +116,7 @@ def parse_args(argv=None):
         parser.add_argument(
             flag, action=argparse.BooleanOptionalAction, default=True, help=text
         )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument("--plot", help="optional PNG: one example's fields")
     args = parser.parse_args(argv)
     if args.quick:  # new defaults: flags given explicitly still apply

@@ -59,21 +59,21 @@ def check_float(name, value, low=0.0, low_inclusive=False):
 
 
 def check_seed(seed):
-    """`seed` as a Python int in `[0, 2**32)`, or None.
+    """`seed` as a Python int in `[0, 2**31)`, or None.
 
-    The range every backend takes: JAX's seeds are uint32, and the Gumbel
-    noise hashes 32-bit words, so on TensorFlow (int64 seeds) seeds 2**32
-    apart would draw the same noise.
+    The range every backend takes (Keras stores a PyTorch SeedGenerator's
+    state as int32, and JAX's as uint32); larger TensorFlow seeds would
+    also draw the noise of their low 32 bits.
     """
     if seed is None:
         return None
     if (
         _is_bool(seed)
         or not isinstance(seed, numbers.Integral)
-        or not 0 <= seed < 2**32
+        or not 0 <= seed < 2**31
     ):
         raise ValueError(
-            "`seed` must be an int in [0, 2**32) or None. "
+            "`seed` must be an int in [0, 2**31) or None. "
             f"Received: seed={seed!r}"
         )
     return int(seed)

@@ -253,6 +253,12 @@ def test_invalid_flags_exit_with_a_one_line_usage_error(capsys):
         ("attention_guidance_mlm", ["--vocab-size", "5"], "--vocab-size"),
         ("thesis_multiview_arithmetic", ["--d-model", "30"], "--d-model"),
         ("thesis_receptive_field", ["--length", "2"], "--length"),
+        # Bad seeds ended in tracebacks (np.random.seed, the block's
+        # check_seed after `seed + i`).
+        ("thesis_receptive_field", ["--seed", "-1"], "--seed"),
+        ("thesis_multiview_arithmetic", ["--seed", str(2**32)], "--seed"),
+        ("attention_guidance_mlm", ["--seed", "-3"], "--seed"),
+        ("finetune_pretrained_with_variants", ["--seed", "-1"], "--seed"),
     ):
         example = _load(name)
         with pytest.raises(SystemExit) as exit_info:

@@ -59,12 +59,12 @@ def test_check_float_rejects(value):
 def test_check_seed():
     assert check_seed(None) is None
     assert type(check_seed(np.int64(3))) is int
-    assert check_seed(2**32 - 1) == 2**32 - 1
+    assert check_seed(2**31 - 1) == 2**31 - 1
     # Seeds 2**32 apart drew the same Gumbel noise on TensorFlow; JAX
-    # rejects negative seeds and seeds >= 2**32.
-    for bad in (1.0, True, "0", -1, 2**32, 2**32 + 5):
+    # rejects negative seeds, PyTorch's int32 seed state seeds >= 2**31.
+    for bad in (1.0, True, "0", -1, 2**31, 2**32 + 5):
         with pytest.raises(
-            ValueError, match=r"`seed` must be an int in \[0, 2\*\*32\)"
+            ValueError, match=r"`seed` must be an int in \[0, 2\*\*31\)"
         ):
             check_seed(bad)
 

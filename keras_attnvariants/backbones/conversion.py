@@ -22,6 +22,7 @@ nothing and works without keras-hub installed.
 import contextlib
 import functools
 import importlib
+import numbers
 
 import keras
 
@@ -250,8 +251,14 @@ def convert_in_place(backbone, attention_class, attention_kwargs):
     for block in blocks:
         if type(getattr(block, "_self_attention_layer", None)) not in stock:
             raise ValueError(_unsupported_block_message(backbone, block))
-    for block in blocks:
-        _replace_self_attention(block, attention_class, attention_kwargs)
+    seed = attention_kwargs.get("seed")
+    for i, block in enumerate(blocks):
+        kwargs = attention_kwargs
+        if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+            # One seed per layer: with one seed for all, every layer drew
+            # the same dropout masks and the same Gumbel noise.
+            kwargs = dict(attention_kwargs, seed=(seed + i) % 2**31)
+        _replace_self_attention(block, attention_class, kwargs)
 
 
 def _checked_blocks(backbone):
@@ -499,7 +506,9 @@ def convert_backbone(
             one metric in `fit`); needs an attention class of this package.
             Defaults to `None`.
         **attention_kwargs: constructor arguments of `attention_class`
-            (e.g. `hybrid_init=0.0`).
+            (e.g. `hybrid_init=0.0`). An int `seed` seeds the `i`-th
+            converted layer with `(seed + i) % 2**31`, so that layers do not
+            share dropout masks or Gumbel noise.
 
     Returns:
         The converted backbone.

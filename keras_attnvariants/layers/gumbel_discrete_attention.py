@@ -96,7 +96,10 @@ def noise_seed(seed):
     """
     if seed is None:
         return None
-    return (seed * 0x9E3779B1 + 0x632BE5AB) % (2**31 - 1)
+    # An odd multiplier modulo 2**31: a bijection of the seed range, so
+    # distinct seeds keep distinct noise (`% (2**31 - 1)` merged seeds
+    # 2**31 - 1 apart).
+    return (seed * 0x9E3779B1 + 0x632BE5AB) % 2**31
 
 
 def training_noise(scores, temperature, seed_generator):
@@ -173,7 +176,7 @@ class GumbelDiscreteAttention(VariantAttention):
             the relaxed sample's gradient. Defaults to `False`.
         inference_mode: one of `"argmax"`, `"sample"`, `"soft"`. Defaults
             to `"argmax"`.
-        seed: int in `[0, 2**32)` or `None`. Seeds the Gumbel noise (through
+        seed: int in `[0, 2**31)` or `None`. Seeds the Gumbel noise (through
             `noise_seed`, so that it is independent of MHA's dropout, which
             this seed also seeds). Defaults to `None`.
         attention_losses, self_attention_padding, attention_path: as in

@@ -76,7 +76,7 @@ class TwoStreamBlock(keras.layers.Layer):
             `1.0`.
         straight_through: bool. One-hot samples in training. Defaults to
             `False`.
-        seed: int in `[0, 2**32)` or `None`. Seeds the Gumbel noise.
+        seed: int in `[0, 2**31)` or `None`. Seeds the Gumbel noise.
             Defaults to `None`.
         **kwargs: `keras.layers.Layer` arguments.
 

@@ -42,7 +42,8 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         max_length: int. Longest sequence.
         num_layers: int. Number of blocks.
         d_model, num_heads, d_ff, mode, temperature, straight_through,
-            seed, model_attention: as in `TwoStreamBlock`.
+            seed, model_attention: as in `TwoStreamBlock` (block `i` gets
+            `(seed + i) % 2**31`).
         num_views: int >= 1. Controllers per block. Defaults to `1`.
         share_embeddings: bool. Controllers reuse the model stream's
             embeddings. Defaults to `True`.
@@ -180,7 +181,7 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
                 mode=mode,
                 temperature=temperature,
                 straight_through=straight_through,
-                seed=None if seed is None else seed + i,
+                seed=None if seed is None else (seed + i) % 2**31,
                 model_attention=model_attention,
                 # The last controller update would never be read.
                 update_controller=mode == "single_stream" or i < num_layers - 1,

@@ -143,6 +143,24 @@ class ConvertBackboneTest(TestCase):
             atol=1e-5,
         )
 
+    def test_seed_gives_each_layer_its_own_seed(self):
+        # One seed for every layer made them all draw the same dropout
+        # masks and the same Gumbel noise (the demo converted with seed=0).
+        converted = convert_backbone(
+            ENCODERS["bert"](), kav.GumbelDiscreteAttention, seed=5
+        )
+        layers = self_attention_layers(converted)
+        self.assertEqual([x.seed for x in layers], [5, 6])
+        noise_seeds = [
+            int(keras.ops.convert_to_numpy(x.seed_generator.state)[0])
+            for x in layers
+        ]
+        self.assertNotEqual(noise_seeds[0], noise_seeds[1])
+        path = os.path.join(self.get_temp_dir(), "gumbel.keras")
+        converted.save(path)
+        reloaded = self_attention_layers(keras.saving.load_model(path))
+        self.assertEqual([x.seed for x in reloaded], [5, 6])
+
     @parameterized.named_parameters(ENCODER_CASES)
     def test_keras_and_saved_model_round_trips(self, name):
         original = self.originals[name]
