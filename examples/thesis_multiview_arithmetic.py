@@ -218,6 +218,38 @@ class BucketedBatches(keras.utils.PyDataset):
     def on_epoch_end(self):
         self._plan()
 
+    def for_fit(self):
+        """What to pass to `fit`: this PyDataset, or on TensorFlow a
+        `tf.data.Dataset` of its batches with unknown widths.
+
+        Keras's TensorFlow adapter fixes a PyDataset's shapes from its
+        first two batches, so a later batch of another width failed
+        ("yielded an element of shape (32, 48) where an element of shape
+        (None, 16) was expected") whenever the first two shared a bucket.
+        The generator replans (reshuffles) after each pass, one per epoch.
+        """
+        if keras.backend.backend() != "tensorflow":
+            return self
+        import tensorflow as tf
+
+        x, y = self[0]
+
+        def spec(array):
+            return tf.TensorSpec((None,) * array.ndim, array.dtype)
+
+        def generate():
+            for index in range(len(self)):
+                yield self[index]
+            self.on_epoch_end()
+
+        signature = (
+            {v: spec(a) for v, a in x.items()},
+            {v: spec(a) for v, a in y.items()},
+        )
+        return tf.data.Dataset.from_generator(
+            generate, output_signature=signature
+        )
+
 
 @keras.saving.register_keras_serializable(package="examples")
 class InverseSqrt(keras.optimizers.schedules.LearningRateSchedule):
@@ -367,7 +399,7 @@ def run(args):
         )
         limit = TimeLimit(args.time_limit or float("inf"))
         model.fit(
-            batches,
+            batches.for_fit(),
             epochs=args.epochs,
             verbose=0,
             callbacks=callbacks + [limit],
