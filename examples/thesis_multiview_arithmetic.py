@@ -246,9 +246,12 @@ class BucketedBatches(keras.utils.PyDataset):
             {v: spec(a) for v, a in x.items()},
             {v: spec(a) for v, a in y.items()},
         )
-        return tf.data.Dataset.from_generator(
+        dataset = tf.data.Dataset.from_generator(
             generate, output_signature=signature
         )
+        # Every epoch plans as many batches (the buckets do not change);
+        # without a known length Keras warns that the data ran out.
+        return dataset.apply(tf.data.experimental.assert_cardinality(len(self)))
 
 
 @keras.saving.register_keras_serializable(package="examples")
@@ -401,6 +404,7 @@ def run(args):
         model.fit(
             batches.for_fit(),
             epochs=args.epochs,
+            shuffle=False,  # BucketedBatches reshuffles every epoch
             verbose=0,
             callbacks=callbacks + [limit],
         )
