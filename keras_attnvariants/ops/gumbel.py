@@ -79,22 +79,11 @@ def _word_dtype():
     return "int32" if keras.backend.backend() == "torch" else "uint32"
 
 
-def _word(constant, dtype):
-    """A 32-bit constant as a scalar tensor of `dtype` with the same bits
-    (typed, so that no backend promotes the words to int64)."""
-    constant %= 2**32
-    if dtype == "int32" and constant >= 2**31:
-        constant -= 2**32
-    return ops.convert_to_tensor(np.array(constant, dtype=dtype))
-
-
 def _shift_right(x, bits):
     """Logical `x >> bits` on 32-bit words (int32 read as uint32)."""
-    shifted = ops.right_shift(x, _word(bits, _word_dtype()))
+    shifted = ops.right_shift(x, hash_words(bits))
     if _word_dtype() == "int32":  # arithmetic shift: clear the sign copies
-        shifted = ops.bitwise_and(
-            shifted, _word((1 << (32 - bits)) - 1, "int32")
-        )
+        shifted = ops.bitwise_and(shifted, hash_words((1 << (32 - bits)) - 1))
     return shifted
 
 
@@ -114,31 +103,35 @@ def fmix32(x):
     multiplications wrap and the right shifts are logical, so every
     backend gives the bits of the uint32 hash.
     """
-    dtype = _word_dtype()
     x = ops.bitwise_xor(x, _shift_right(x, 16))
-    x = ops.multiply(x, _word(_FMIX_1, dtype))
+    x = ops.multiply(x, hash_words(_FMIX_1))
     x = ops.bitwise_xor(x, _shift_right(x, 13))
-    x = ops.multiply(x, _word(_FMIX_2, dtype))
+    x = ops.multiply(x, hash_words(_FMIX_2))
     return ops.bitwise_xor(x, _shift_right(x, 16))
 
 
 def hash_words(x):
-    """`x` (an int or an integer tensor) as 32-bit hash words: its low 32
-    bits, in the dtype `fmix32` works on."""
+    """`x` as 32-bit hash words (its low 32 bits) in the dtype `fmix32`
+    works on.
+
+    Args:
+        x: an int or a list of ints (constants: typed tensors with the same
+            bits, so that no backend promotes the words to int64), or an
+            integer tensor (cast).
+    """
     dtype = _word_dtype()
-    if isinstance(x, numbers.Integral):
-        return _word(int(x), dtype)
+    if isinstance(x, (numbers.Integral, list, tuple)):
+        # Python ints of any size, reduced before NumPy sees them.
+        words = np.asarray(np.array(x, dtype=object) % 2**32, np.uint32)
+        return ops.convert_to_tensor(words.view(dtype))
     return ops.cast(x, dtype)
 
 
 def _coordinates(size, axis):
     """`fmix32(i * golden + axis + 1)` for the indices `i` of one axis."""
-    dtype = _word_dtype()
-    index = ops.cast(ops.arange(size, dtype="int32"), dtype)
+    index = ops.cast(ops.arange(size, dtype="int32"), _word_dtype())
     return fmix32(
-        ops.add(
-            ops.multiply(index, _word(_GOLDEN, dtype)), _word(axis + 1, dtype)
-        )
+        ops.add(ops.multiply(index, hash_words(_GOLDEN)), hash_words(axis + 1))
     )
 
 
@@ -179,25 +172,24 @@ def positional_uniform(key, shape):
     Returns:
         A float32 tensor of shape `shape`.
     """
-    dtype = _word_dtype()
-    key = hash_words(key)
-    row_a = fmix32(ops.bitwise_xor(key, _word(_SALT_A, dtype)))
-    row_b = fmix32(ops.bitwise_xor(key, _word(_SALT_B, dtype)))
+    # rows: (2, ...), the words `a` and `b` of every row of the leading axes
+    rows = fmix32(
+        ops.bitwise_xor(hash_words(key), hash_words([_SALT_A, _SALT_B]))
+    )
     if len(shape) == 0:
-        h = row_a
+        h = rows[0]
     else:
         for axis, size in enumerate(shape[:-1]):
             coordinate = _coordinates(size, axis)
-            row_a = fmix32(
-                ops.bitwise_xor(ops.expand_dims(row_a, -1), coordinate)
-            )
-            row_b = fmix32(
-                ops.bitwise_xor(ops.expand_dims(row_b, -1), coordinate)
+            rows = fmix32(
+                ops.bitwise_xor(ops.expand_dims(rows, -1), coordinate)
             )
         last = _coordinates(shape[-1], len(shape) - 1)
-        odd = ops.bitwise_or(ops.expand_dims(row_b, -1), _word(1, dtype))
+        odd = ops.bitwise_or(ops.expand_dims(rows[1], -1), hash_words(1))
         h = fmix32(
-            ops.bitwise_xor(ops.expand_dims(row_a, -1), ops.multiply(last, odd))
+            ops.bitwise_xor(
+                ops.expand_dims(rows[0], -1), ops.multiply(last, odd)
+            )
         )
     bits = _shift_right(h, 8)
     return (ops.cast(bits, "float32") + 0.5) * (2.0**-24)
