@@ -7,6 +7,8 @@ script in it runs).
 
 import argparse
 
+from keras_attnvariants.validation import SEED_LIMIT
+
 
 def positive_int(text):
     """argparse type: an int >= 1."""
@@ -41,9 +43,10 @@ def unit_float(text):
 
 
 def seed(text):
-    """argparse type: a seed, an int in [0, 2**31) (the range every Keras
-    backend's SeedGenerator takes)."""
+    """argparse type: a seed, as `keras_attnvariants.validation.check_seed`
+    takes it (an int in [0, 2**31), the range every Keras backend's
+    SeedGenerator accepts)."""
     value = int(text)
-    if not 0 <= value < 2**31:
+    if not 0 <= value < SEED_LIMIT:
         raise argparse.ArgumentTypeError(f"must be in [0, 2**31), got {value}")
     return value

@@ -58,6 +58,16 @@ def check_float(name, value, low=0.0, low_inclusive=False):
     return float(value)
 
 
+# Seeds are ints in [0, SEED_LIMIT): see `check_seed`.
+SEED_LIMIT = 2**31
+
+
+def layer_seed(seed, index):
+    """The seed of the `index`-th of several layers seeded from one `seed`
+    (`seed + index`, wrapped into the seed range); None stays None."""
+    return None if seed is None else (seed + index) % SEED_LIMIT
+
+
 def check_seed(seed):
     """`seed` as a Python int in `[0, 2**31)`, or None.
 
@@ -70,7 +80,7 @@ def check_seed(seed):
     if (
         _is_bool(seed)
         or not isinstance(seed, numbers.Integral)
-        or not 0 <= seed < 2**31
+        or not 0 <= seed < SEED_LIMIT
     ):
         raise ValueError(
             "`seed` must be an int in [0, 2**31) or None. "

@@ -28,6 +28,7 @@ import keras
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.losses.attention_loss import token_ids_scope
+from keras_attnvariants.validation import layer_seed
 
 INSTALL_HINT = "pip install 'keras-attnvariants[keras-hub]'"
 
@@ -257,7 +258,7 @@ def convert_in_place(backbone, attention_class, attention_kwargs):
         if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
             # One seed per layer: with one seed for all, every layer drew
             # the same dropout masks and the same Gumbel noise.
-            kwargs = dict(attention_kwargs, seed=(seed + i) % 2**31)
+            kwargs = dict(attention_kwargs, seed=layer_seed(seed, i))
         _replace_self_attention(block, attention_class, kwargs)
 
 

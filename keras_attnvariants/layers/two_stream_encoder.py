@@ -14,6 +14,7 @@ from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
 from keras_attnvariants.validation import check_seed
+from keras_attnvariants.validation import layer_seed
 
 REDUCTIONS = ("mean", "union")
 
@@ -181,7 +182,7 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
                 mode=mode,
                 temperature=temperature,
                 straight_through=straight_through,
-                seed=None if seed is None else (seed + i) % 2**31,
+                seed=layer_seed(seed, i),
                 model_attention=model_attention,
                 # The last controller update would never be read.
                 update_controller=mode == "single_stream" or i < num_layers - 1,
