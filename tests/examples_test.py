@@ -230,6 +230,55 @@ def _quick_and_explicit(name, flag, attribute, explicit):
     return quick, given
 
 
+def test_mlm_masking_follows_bert():
+    example = _load("attention_guidance_mlm")
+    rng = np.random.default_rng(0)
+    count, length, vocab = 4000, 32, 50
+    specials = len(example.SPECIALS)
+    windows = np.full((count, length), example.PAD, "int32")
+    sizes = rng.integers(0, length - 1, count)  # words per window
+    for row, size in enumerate(sizes):
+        body = rng.integers(example.UNK, vocab, size)
+        body[body < specials] = example.UNK  # [UNK] is a word
+        windows[row, : size + 2] = [example.CLS, *body, example.SEP]
+    inputs, positions, labels = example.mask_tokens(windows, vocab, rng)
+    slots = example.max_predictions(length)
+    assert positions.shape == labels.shape == (count, slots)
+    used = labels >= 0
+    # round(15%) of the words, at least one (when there is one), at most
+    # `slots`; distinct positions, only on words.
+    expected = np.clip(np.rint(0.15 * sizes), 1, slots) * (sizes > 0)
+    np.testing.assert_array_equal(used.sum(1), expected)
+    rows = np.arange(count)[:, None]
+    picked = windows[rows, positions]
+    np.testing.assert_array_equal(labels[used], picked[used])
+    assert not np.isin(
+        picked[used], [example.PAD, example.CLS, example.SEP]
+    ).any()
+    for row in range(count):
+        assert len(set(positions[row][used[row]])) == used[row].sum()
+    np.testing.assert_array_equal(positions[~used], 0)
+    # Only predicted positions change: 80% to [MASK], 10% to a random
+    # word, 10% kept.
+    changed = inputs != windows
+    predicted = np.zeros_like(changed)
+    predicted[np.broadcast_to(rows, positions.shape)[used], positions[used]] = (
+        True
+    )
+    assert not changed[~predicted].any()
+    now = inputs[rows, positions][used]
+    masked = np.mean(now == example.MASK)
+    assert 0.77 < masked < 0.83, masked
+    other = (now != example.MASK) & (now != picked[used])
+    # 10% of 9,000 predictions, less the random word equal to the old one.
+    assert 0.08 < np.mean(other) < 0.12, np.mean(other)
+    assert (now[other] >= specials).all()  # random words, no specials
+    np.testing.assert_array_equal(
+        example.model_inputs(inputs, positions)["padding_mask"],
+        inputs != example.PAD,
+    )
+
+
 def test_quick_sets_defaults_that_explicit_flags_override():
     # `--quick` overwrote flags given with it, so `--quick --num-layers 2`
     # silently ran 1 layer (the padding test above asked for 2).
