@@ -13,9 +13,9 @@ class TestCase(KerasTestCase):
 
     - `assert_config_covers_init_args`: `get_config` holds every `__init__`
       argument of the class and its bases up to `keras.layers.Layer`.
-    - `assert_mixed_precision_outputs`: under `mixed_float16` and
-      `mixed_bfloat16` every floating output is in the compute dtype and
-      finite.
+    - `assert_mixed_precision_outputs`: under `mixed_float16`,
+      `mixed_bfloat16` and `bfloat16` (bfloat16 variables too) every
+      floating output is in the compute dtype and finite.
     - `run_multi_input_training_step`: a functional model around a
       multi-input layer takes a few `fit` steps; the loss is finite and the
       trainable weights change.
@@ -47,7 +47,7 @@ class TestCase(KerasTestCase):
     def assert_mixed_precision_outputs(
         self, layer_cls, init_kwargs, inputs, call_kwargs=None
     ):
-        for policy in ("mixed_float16", "mixed_bfloat16"):
+        for policy in ("mixed_float16", "mixed_bfloat16", "bfloat16"):
             if policy == "mixed_float16" and keras.backend.backend() == "torch":
                 # Torch CPU kernels lack float16 matmuls; Keras skips too.
                 continue
