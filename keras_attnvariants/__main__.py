@@ -7,6 +7,8 @@ import sys
 COMMANDS = ("demo",)
 # NumPy's legacy seeding and `keras.utils.set_random_seed` take 32 bits.
 MAX_SEED = 2**32 - 1
+# Where the demo exports its best model (as `demo.run` does by default).
+DEFAULT_EXPORT_DIR = os.path.join("saved_models", "demo_best")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -93,8 +95,9 @@ def parse(argv):
     demo.add_argument(
         "--export-dir",
         type=folder,
-        default=None,
-        help="SavedModel folder (default saved_models/demo_best)",
+        # A string, so that argparse checks the default with `folder` too.
+        default=DEFAULT_EXPORT_DIR,
+        help=f"SavedModel folder (default {DEFAULT_EXPORT_DIR})",
     )
     demo.add_argument(
         "--seed",

@@ -16,6 +16,9 @@ import keras
 
 from keras_attnvariants.validation import check_int
 
+# Device types that TensorFlow lists on a host with a TPU attached.
+LOCAL_TPU_DEVICES = ("TPU", "TPU_SYSTEM")
+
 
 def _tensorflow():
     if keras.config.backend() != "tensorflow":
@@ -63,11 +66,13 @@ def pick_strategy(tpu=None, cpu_replicas=None):
     """The best `tf.distribute.Strategy` for this machine.
 
     Args:
-        tpu: optional TPU name or address for `TPUClusterResolver`
-            (`None` tries the local / environment-configured TPU and falls
-            back to the devices below when there is none). A TPU that is
-            named but not found, or found but not initialized, raises
-            `ValueError`.
+        tpu: optional TPU name or address (a string) for
+            `TPUClusterResolver`, or `"local"` for a TPU attached to this
+            host. `None` tries the TPU configured by the environment
+            (`TPU_NAME`, ...), then a TPU attached to this host (a TPU VM,
+            where no name is set), and falls back to the devices below
+            when there is none. A TPU that is named but not found, or
+            found but not initialized, raises `ValueError`.
         cpu_replicas: optional int. Without accelerators, use a
             `MirroredStrategy` over this many logical CPU devices (they must
             have been created with `split_cpu`), an int >= 1; `None` means
@@ -83,6 +88,12 @@ def pick_strategy(tpu=None, cpu_replicas=None):
         A `tf.distribute.Strategy`.
     """
     tf = _tensorflow()
+    if tpu is not None and not isinstance(tpu, str):
+        # TensorFlow's resolver failed with an AttributeError on these.
+        raise ValueError(
+            "`tpu` must be a TPU name or address (a string) or None. "
+            f"Received: tpu={tpu!r}"
+        )
     if cpu_replicas is not None:
         cpu_replicas = check_int("cpu_replicas", cpu_replicas)
     try:
@@ -102,6 +113,13 @@ def pick_strategy(tpu=None, cpu_replicas=None):
                 f"Received: tpu={tpu!r}"
             ) from error
         resolver = None
+        if any(map(tf.config.list_physical_devices, LOCAL_TPU_DEVICES)):
+            # A TPU VM sets no TPU name (the lookup above fails with
+            # "Please provide a TPU Name"); its TPU is attached to this
+            # host and reached as "local".
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+                tpu="local"
+            )
     if resolver is not None:
         # A TPU was found (named, or configured by the environment): one
         # that then fails to connect or initialize raises too, instead of

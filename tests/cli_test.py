@@ -188,3 +188,20 @@ def test_demo_run_export_dir_in_the_way_fails_before_training(
         demo.run(
             size="quick", output=str(tmp_path / "out"), export_dir=str(taken)
         )
+
+
+def test_default_export_dir_in_the_way_gives_one_line_error(
+    tmp_path, monkeypatch, capsys
+):
+    # Without --export-dir the demo exports to saved_models/demo_best: a
+    # file named saved_models in the working folder crashed it with a
+    # traceback (FileExistsError) instead of a usage error.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "saved_models").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        parse(["demo", "--quick"])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "--export-dir: must name a folder" in lines[0]
+    assert "is a file, not a folder" in lines[0]

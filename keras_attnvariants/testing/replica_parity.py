@@ -6,7 +6,7 @@ starts, hence a fresh process):
     python -m keras_attnvariants.testing.replica_parity [NAME ...]
 
 Prints one JSON line per model: name, replicas, both loss histories and the
-last value of every metric logged under MirroredStrategy.
+last value of every metric logged on one device and under MirroredStrategy.
 """
 
 import json
@@ -41,6 +41,7 @@ def main(names):
             "single": one["loss"],
             "mirrored": two["loss"],
             "metrics": {k: v[-1] for k, v in two.items()},
+            "single_metrics": {k: v[-1] for k, v in one.items()},
         }
         print(json.dumps(record))
 
