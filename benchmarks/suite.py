@@ -18,10 +18,13 @@ plus the attached loss terms, SGD update; infer: forward with
 process and timed alternately (order shuffled per repeat); a cell is the
 median over repeats of the per-repeat ratio to keras MHA. Achieved FLOP/s =
 analytic matmul FLOPs of the layer / step time, relative to the matmul
-FLOP/s of the same repeat. Peak memory = peak RSS increase during one step,
-measured in a fresh subprocess (glibc mmap threshold fixed so freed
-buffers leave the process) by resetting the RSS high-water mark
-(`/proc/self/clear_refs`) before the step and reading `VmHWM` after it.
+FLOP/s of the same repeat. Peak memory = peak bytes held by TensorFlow's
+CPU allocator during one step above those held before it (inputs,
+weights), in a fresh subprocess that runs the BFC allocator
+(`TF_CPU_ALLOCATOR_USE_BFC=true`), whose statistics count every tensor and
+every XLA temporary buffer. (The process RSS high-water mark, used before
+2026-11-25, missed the step's buffers: XLA:CPU reuses its memory between
+calls.)
 
 Usage:
 
@@ -72,9 +75,9 @@ NO_LOSS = "HybridAttention(hybrid_init=0.0)"
 MATMUL = "dense matmul"
 KQ_METHODS = ("gan", "ct", "ot", "mmd")
 MODES = ("train", "infer")
-# glibc: serve every allocation >= 128 KiB with mmap (a fixed threshold
-# turns off the dynamic one), so freed tensors leave the RSS.
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+# TensorFlow's CPU allocator keeps statistics (current and peak bytes)
+# only as a BFC allocator.
+ALLOCATOR_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
 
 
 def configurations(heads, key_dim):
@@ -187,20 +190,15 @@ def log(message, start):
     print(f"[{time.perf_counter() - start:7.1f}s] {message}", file=sys.stderr)
 
 
-def time_length(args, length, start, memory):
+def time_length(args, length, start):
     """Timing results of one sequence length, per mode.
 
     Returns dict `mode -> {"times": {label: [s]}, "steps": int, ...}`.
-    With `--memory inprocess`, also fills `memory[length][label][mode]`
-    (a step after the compiling and warm-up runs, in this process).
     """
     batch = batch_for(args, length)
     x = inputs(batch, length, args.dim)
     key_dim = args.dim // args.heads
     results = {}
-    memory.setdefault(length, {})
-    for label, _, _ in configurations(args.heads, key_dim):
-        memory[length].setdefault(label, {})
     for mode in MODES:
         calls = {}
         for label, group, factory in configurations(args.heads, key_dim):
@@ -208,8 +206,6 @@ def time_length(args, length, start, memory):
                 continue
             layer, call = compiled_step(factory, mode, x)
             warm_up(call)  # compile, then one warm-up run
-            if args.memory == "inprocess":
-                memory[length][label][mode] = peak_increase_mib(call)
             if mode == "infer" and layer.losses:
                 raise RuntimeError(f"{label} added losses at inference")
             if mode == "train" and group == "loss" and label != NO_LOSS:
@@ -238,25 +234,14 @@ def time_length(args, length, start, memory):
     return results
 
 
-def read_status():
-    """`(VmRSS, VmHWM)` of this process in KiB."""
-    values = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key = line.split(":", 1)[0]
-            if key in ("VmRSS", "VmHWM"):
-                values[key] = int(line.split()[1])
-    return values["VmRSS"], values["VmHWM"]
-
-
 def peak_increase_mib(call):
-    """Peak RSS increase (MiB) during one `call()` over the RSS before."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current RSS
-    before, _ = read_status()
+    """Peak allocator bytes (MiB) during one `call()` above those held
+    before it (needs the BFC CPU allocator, `ALLOCATOR_ENV`)."""
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
     np.asarray(call())
-    _, peak = read_status()
-    return (peak - before) / 1024.0
+    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    return (peak - before) / 2**20
 
 
 def memory_child(args):
@@ -298,7 +283,7 @@ def measure_memory(args, start):
         "--lengths",
         *map(str, args.lengths),
     ]
-    env = dict(os.environ, **MALLOC_ENV)
+    env = dict(os.environ, **ALLOCATOR_ENV)
     log("memory: fresh subprocess", start)
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     for line in done.stdout.splitlines():
@@ -445,18 +430,15 @@ def report(args, info, results, memory, load_end, elapsed):
                 ]
             rows.append(row)
         parts += [
-            "## Peak memory: RSS increase during one step (MiB)",
+            "## Peak memory during one step (MiB)",
             table(length_header(args, results, MODES), rows),
             (
-                (
-                    "Fresh subprocess, glibc `MALLOC_MMAP_THRESHOLD_=131072`; "
-                    if args.memory == "subprocess"
-                    else "In the timing process (approximate: freed heap "
-                    "memory is reused without raising the RSS); "
-                )
-                + "per configuration the RSS high-water mark is reset "
-                "(`/proc/self/clear_refs`) after compiling and read "
-                "(`VmHWM`) after one step. One (B, N, S, S) float32 tensor "
+                "Peak bytes held by TensorFlow's CPU allocator during one "
+                "step (after compiling) above those held before it: every "
+                "tensor and XLA temporary buffer of the step, outputs and "
+                "gradients included; a fresh subprocess with the BFC "
+                "allocator (`TF_CPU_ALLOCATOR_USE_BFC=true`), whose "
+                "statistics these are. One (B, N, S, S) float32 tensor "
                 "is "
                 + ", ".join(
                     f"{batch_for(args, s) * args.heads * s * s * 4 / 2**20:.0f}"
@@ -538,10 +520,10 @@ def parse_args(argv):
     parser.add_argument("--matmul-size", type=int, default=1024)
     parser.add_argument(
         "--memory",
-        choices=["subprocess", "inprocess", "off"],
-        default=None,
-        help="peak memory in a fresh subprocess (default), in this process "
-        "(approximate; default with --quick) or not at all",
+        choices=["subprocess", "off"],
+        default="subprocess",
+        help="peak memory, measured in a fresh subprocess (default), or "
+        "not at all",
     )
     parser.add_argument(
         "--memory-child", action="store_true", help=argparse.SUPPRESS
@@ -551,8 +533,6 @@ def parse_args(argv):
         args.batch, args.dim, args.heads = 2, 32, 4
         args.lengths, args.repeats, args.min_time = [32, 64], 3, 0.02
         args.matmul_size = 256
-    if args.memory is None:
-        args.memory = "inprocess" if args.quick else "subprocess"
     for name in ("batch", "dim", "heads", "repeats", "matmul_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -579,18 +559,16 @@ def main(argv=None):
     info = machine_info()
     log(f"load average {info['load']}", start)
     results = {}
-    memory = {}
     for length in args.lengths:
-        results[length] = time_length(args, length, start, memory)
+        results[length] = time_length(args, length, start)
         if args.output:  # partial report, in case the run is cut short
             done = argparse.Namespace(**vars(args))
             done.lengths = list(results)
-            partial = memory if args.memory == "inprocess" else "pending"
             text = report(
                 done,
                 info,
                 results,
-                partial,
+                "pending",
                 load_average(),
                 time.perf_counter() - start,
             )
@@ -599,7 +577,7 @@ def main(argv=None):
     load_end = load_average()
     if args.memory == "off":
         memory = "skipped (--memory off)"
-    elif args.memory == "subprocess":
+    else:
         memory = measure_memory(args, start)
     text = report(
         args, info, results, memory, load_end, time.perf_counter() - start
