@@ -23,6 +23,12 @@ class WeightSquareLoss(AttentionLoss):
         return self(context["attention_weights"])
 
 
+def _guidance():
+    return kav.AttentionGuidanceRegularizer(
+        {0: "next", 1: "first"}, alpha=1.0, decay_steps=8, name="guidance"
+    )
+
+
 # name -> factory of the attention layer; `deterministic` variants must give
 # identical loss histories on one device and under MirroredStrategy.
 LAYERS = {
@@ -37,16 +43,7 @@ LAYERS = {
         2, 4, seed=3
     ),
     "dnas_with_guidance": lambda: kav.DoublyNormalizedAttention(
-        2,
-        4,
-        attention_losses=[
-            kav.AttentionGuidanceRegularizer(
-                {0: "next", 1: "first"},
-                alpha=1.0,
-                decay_steps=8,
-                name="guidance",
-            )
-        ],
+        2, 4, attention_losses=[_guidance()]
     ),
     "hnas_with_kq_ct": lambda: kav.HybridAttention(
         2, 4, attention_losses=[kav.KQAlignment("ct", name="kq_ct")]
@@ -56,6 +53,28 @@ LAYERS = {
     ),
     "hnas_with_kq_ot": lambda: kav.HybridAttention(
         2, 4, attention_losses=[kav.KQAlignment("ot", name="kq_ot")]
+    ),
+    "hnas_with_kq_mmd": lambda: kav.HybridAttention(
+        2, 4, attention_losses=[kav.KQAlignment("mmd", name="kq_mmd")]
+    ),
+    # The reference-code parity and non-saturating options.
+    "hnas_with_kq_gan_per_head": lambda: kav.HybridAttention(
+        2,
+        4,
+        attention_losses=[
+            kav.KQAlignment(
+                "gan",
+                gan_loss="non_saturating",
+                adversary_per_head=True,
+                name="kq_gan_per_head",
+            )
+        ],
+    ),
+    "hnas_with_guidance": lambda: kav.HybridAttention(
+        2, 4, attention_losses=[_guidance()]
+    ),
+    "gumbel_with_guidance": lambda: kav.GumbelDiscreteAttention(
+        2, 4, seed=3, attention_losses=[_guidance()]
     ),
 }
 # Encoders that take the token ids themselves.
@@ -75,6 +94,7 @@ LAYERS.update(ENCODERS)
 # Gumbel noise differs per replica by design.
 DETERMINISTIC = set(LAYERS) - {
     "gumbel_discrete_attention",
+    "gumbel_with_guidance",
     "two_stream_encoder",
 }
 # Artifacts of saved_models/: zoo models plus the converted keras-hub BERT.
