@@ -20,19 +20,18 @@ def fused_biased_attention(layer, query, key, value, mask, bias):
     would silently turn DNAS into softmax attention without padding. The
     JAX fallback (`jax.nn.dot_product_attention`, XLA) honors both.
 
-    Under float16 the kernel runs in float32, like `attention_logits`:
-    float16 logits (and the DNAS bias `-logsumexp_i s_ij`) overflow above
-    65504 and lose the precision the bias needs long before that (a 35%
-    output error at logits near 2e4, NaN above 65504).
+    Under float16 the kernel runs in float32 (`kernel_inputs`), like
+    `attention_logits`: float16 logits (and the DNAS bias
+    `-logsumexp_i s_ij`) overflow above 65504 and lose the precision the
+    bias needs long before that (a 35% output error at logits near 2e4,
+    NaN above 65504). Callers that also compute the bias upcast first, so
+    that its gradient and the kernel's meet in float32.
 
     Returns:
         `(B, T, N, H)` in `value`'s dtype.
     """
     out_dtype = value.dtype
-    if keras.backend.standardize_dtype(query.dtype) == "float16":
-        query, key, value = (
-            ops.cast(t, "float32") for t in (query, key, value)
-        )
+    query, key, value = kernel_inputs(query, key, value)
     kernel_mask = mask
     if bias is not None:
         bias = ops.cast(bias, query.dtype)
@@ -62,6 +61,20 @@ def fused_biased_attention(layer, query, key, value, mask, bias):
         ops.any(mask, axis=-1, keepdims=True), (0, 2, 1, 3)
     )
     return ops.where(row_valid, output, ops.zeros_like(output))
+
+
+def kernel_inputs(query, key, value):
+    """`query`, `key`, `value`, cast to float32 if they are float16.
+
+    The DNAS bias and the kernel both read the queries and keys, and the
+    two gradients they send back nearly cancel (each grows with the logits,
+    their sum does not). Cast once, before both, they are summed in
+    float32; cast in each branch, each was rounded to float16 on its own,
+    and logits near 1e5 gave `inf - inf = NaN` gradients.
+    """
+    if keras.backend.standardize_dtype(query.dtype) != "float16":
+        return query, key, value
+    return tuple(ops.cast(t, "float32") for t in (query, key, value))
 
 
 def fused_kernel_takes(key, value):
@@ -155,8 +168,11 @@ class DoublyNormalizedAttention(VariantAttention):
     def fused_attention(self, query, key, value, mask):
         if self.iterations != 1 or not fused_kernel_takes(key, value):
             return None
+        out_dtype = value.dtype
+        query, key, value = kernel_inputs(query, key, value)
         bias = key_bias(self, query, key, mask)
-        return fused_biased_attention(self, query, key, value, mask, bias)
+        output = fused_biased_attention(self, query, key, value, mask, bias)
+        return ops.cast(output, out_dtype)
 
     def get_config(self):
         config = super().get_config()

@@ -12,6 +12,7 @@ from keras_attnvariants.layers.doubly_normalized_attention import (
 from keras_attnvariants.layers.doubly_normalized_attention import (
     fused_kernel_takes,
 )
+from keras_attnvariants.layers.doubly_normalized_attention import kernel_inputs
 from keras_attnvariants.layers.doubly_normalized_attention import key_bias
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.ops.combine import hybrid_attend
@@ -142,12 +143,14 @@ class HybridAttention(VariantAttention):
     def fused_attention(self, query, key, value, mask):
         if self.iterations != 1 or not fused_kernel_takes(key, value):
             return None
+        out_dtype = value.dtype
+        query, key, value = kernel_inputs(query, key, value)
         bias = key_bias(self, query, key, mask)
         dnas = fused_biased_attention(self, query, key, value, mask, bias)
         unas = fused_biased_attention(self, query, key, value, mask, None)
         # u: (1, 1, N, 1) in the output layout (B, T, N, H).
         u = ops.cast(ops.reshape(self._mix(), (1, 1, -1, 1)), dnas.dtype)
-        return unas + u * (dnas - unas)
+        return ops.cast(unas + u * (dnas - unas), out_dtype)
 
     def get_config(self):
         config = super().get_config()
