@@ -22,7 +22,7 @@ SIZES = {
     # name: (train examples, test examples, sequence length, batch, epochs,
     #        MiniLM layers kept: the first k of 6)
     "quick": (32, 32, 16, 8, 1, 1),
-    "default": (256, 256, 32, 16, 1, 4),
+    "default": (256, 256, 32, 16, 1, 6),
     "full": (4000, 1000, 64, 32, 2, 6),
 }
 VARIANTS = (
