@@ -52,6 +52,7 @@ from flag_types import unit_float
 from keras import ops
 
 import keras_attnvariants as kav
+from keras_attnvariants import distribute
 from keras_attnvariants.backbones import convert_backbone
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -206,24 +207,25 @@ def train(args, vocab_size, features, labels, guided):
             reduction=args.reduction,
             name="attention_guidance",
         )
-    model = build_model(args, vocab_size, regularizer)
-    model.compile(
-        optimizer=keras.optimizers.Adam(args.learning_rate),
-        loss=mlm_loss,
-        metrics=[keras.metrics.MeanMetricWrapper(mlm_loss, name="mlm")],
-    )
-    curve = StepLosses()
-    start = time.perf_counter()
-    model.fit(
-        features,
-        labels,
-        batch_size=args.batch_size,
-        epochs=1,
-        shuffle=False,
-        callbacks=[curve],
-        verbose=0,
-    )
-    seconds = time.perf_counter() - start
+    with distribute.model_scope():
+        model = build_model(args, vocab_size, regularizer)
+        model.compile(
+            optimizer=keras.optimizers.Adam(args.learning_rate),
+            loss=mlm_loss,
+            metrics=[keras.metrics.MeanMetricWrapper(mlm_loss, name="mlm")],
+        )
+        curve = StepLosses()
+        start = time.perf_counter()
+        model.fit(
+            features,
+            labels,
+            batch_size=args.batch_size,
+            epochs=1,
+            shuffle=False,
+            callbacks=[curve],
+            verbose=0,
+        )
+        seconds = time.perf_counter() - start
     return np.array(curve.values), seconds
 
 

@@ -33,6 +33,7 @@ from flag_types import seed  # noqa: E402
 from flag_types import unit_float  # noqa: E402
 
 import keras_attnvariants as kav  # noqa: E402
+from keras_attnvariants import distribute  # noqa: E402
 from keras_attnvariants import evaluation  # noqa: E402
 from keras_attnvariants.backbones import convert_backbone  # noqa: E402
 from keras_attnvariants.backbones import first_layers  # noqa: E402
@@ -200,19 +201,20 @@ def main(argv=None):
     for name in VARIANTS:
         if name not in chosen:
             continue
-        model = build_classifier(pretrained, name, args)
-        backbone = model.backbone
-        fit_start = time.perf_counter()
-        model.fit(
-            x_train,
-            y_train,
-            batch_size=args.batch_size,
-            epochs=args.epochs,
-            shuffle=False,
-            verbose=0,
-        )
-        fit_seconds = time.perf_counter() - fit_start
-        logits = model.predict(x_test, batch_size=64, verbose=0)
+        with distribute.model_scope():
+            model = build_classifier(pretrained, name, args)
+            backbone = model.backbone
+            fit_start = time.perf_counter()
+            model.fit(
+                x_train,
+                y_train,
+                batch_size=args.batch_size,
+                epochs=args.epochs,
+                shuffle=False,
+                verbose=0,
+            )
+            fit_seconds = time.perf_counter() - fit_start
+            logits = model.predict(x_test, batch_size=64, verbose=0)
         probs = keras.ops.convert_to_numpy(keras.ops.softmax(logits))
         results[name] = (
             float((probs.argmax(-1) == y_test).mean()),

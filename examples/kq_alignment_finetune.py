@@ -40,6 +40,7 @@ from flag_types import positive_int  # noqa: E402
 from keras_attnvariants import HybridAttention  # noqa: E402
 from keras_attnvariants import KQAlignment  # noqa: E402
 from keras_attnvariants import convert_backbone  # noqa: E402
+from keras_attnvariants import distribute  # noqa: E402
 from keras_attnvariants.backbones import first_layers  # noqa: E402
 from keras_attnvariants.backbones import load_minilm  # noqa: E402
 from keras_attnvariants.datasets.offline import rotten_tomatoes  # noqa: E402
@@ -193,26 +194,29 @@ def main(argv=None):
     runs = [("none", 0.0)] if "none" in methods else []
     runs += [(m, w) for m in methods if m != "none" for w in weights]
     for method, weight in runs:
-        model = build_classifier(
-            backbone,
-            method,
-            weight,
-            seq_len,
-            args.learning_rate,
-            seed=0,
-            adversary_per_head=args.adversary_per_head,
-        )
-        t0 = time.time()
-        model.fit(*train, batch_size=args.batch_size, epochs=epochs, verbose=0)
-        per_epoch = (time.time() - t0) / epochs
-        probs = model.predict(test[0], batch_size=128, verbose=0)
-        accuracy = float((probs.argmax(-1) == test[1]).mean())
-        ece = expected_calibration_error(probs, test[1], num_bins=10)
-        test_batches = batches(test[0], 128)
-        mmd = key_query_mmd(model, test_batches)["total"]
-        mmd_scaled = key_query_mmd(
-            model, test_batches, bandwidth=SCALED_BANDWIDTH
-        )["total"]
+        with distribute.model_scope():
+            model = build_classifier(
+                backbone,
+                method,
+                weight,
+                seq_len,
+                args.learning_rate,
+                seed=0,
+                adversary_per_head=args.adversary_per_head,
+            )
+            t0 = time.time()
+            model.fit(
+                *train, batch_size=args.batch_size, epochs=epochs, verbose=0
+            )
+            per_epoch = (time.time() - t0) / epochs
+            probs = model.predict(test[0], batch_size=128, verbose=0)
+            accuracy = float((probs.argmax(-1) == test[1]).mean())
+            ece = expected_calibration_error(probs, test[1], num_bins=10)
+            test_batches = batches(test[0], 128)
+            mmd = key_query_mmd(model, test_batches)["total"]
+            mmd_scaled = key_query_mmd(
+                model, test_batches, bandwidth=SCALED_BANDWIDTH
+            )["total"]
         shown = "-" if method == "none" else f"{weight:g}"
         print(
             f"| {method} | {shown} | {accuracy:.3f} | {ece:.3f} | "

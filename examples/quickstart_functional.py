@@ -15,6 +15,7 @@ import keras
 import numpy as np
 
 import keras_attnvariants as kav
+from keras_attnvariants import distribute
 
 VOCAB, LENGTH, DIM = 12, 24, 32
 
@@ -65,10 +66,11 @@ def main():
     for name, make in variants.items():
         keras.utils.set_random_seed(0)
         layer = make()
-        model = build(layer)
-        start = time.time()
-        model.fit(x_train, y_train, batch_size=64, epochs=epochs, verbose=2)
-        _, acc = model.evaluate(x_test, y_test, verbose=0)
+        with distribute.model_scope():
+            model = build(layer)
+            start = time.time()
+            model.fit(x_train, y_train, batch_size=64, epochs=epochs, verbose=2)
+            _, acc = model.evaluate(x_test, y_test, verbose=0)
         print(f"{name:22s} {acc:8.3f} {time.time() - start:8.1f}")
         if isinstance(layer, kav.HybridAttention):
             print("  learned hybrid weights per head:", layer.hybrid_weights)

@@ -49,6 +49,7 @@ from flag_types import positive_float  # noqa: E402
 from flag_types import positive_int  # noqa: E402
 from flag_types import seed  # noqa: E402
 
+from keras_attnvariants import distribute  # noqa: E402
 from keras_attnvariants.datasets.arithmetic import multiview_arithmetic  # noqa: E402
 from keras_attnvariants.datasets.arithmetic import tokenize  # noqa: E402
 from keras_attnvariants.layers.two_stream_encoder import TwoStreamEncoder  # noqa: E402
@@ -387,37 +388,38 @@ def run(args):
     results, timings, epochs_run = {}, {}, {}
     for name in args.models:
         kind, views = PLANS[name]
-        model = build_model(kind, views, length, args)
-        batches = BucketedBatches(
-            {v: x_train[v] for v in views},
-            train["label"],
-            args.batch_size,
-            args.seed,
-        )
-        start = time.perf_counter()
-        callbacks = (
-            []
-            if args.quick
-            else [EpochReport({v: x_test[v] for v in views}, test)]
-        )
-        limit = TimeLimit(args.time_limit or float("inf"))
-        model.fit(
-            batches.for_fit(),
-            epochs=args.epochs,
-            shuffle=False,  # BucketedBatches reshuffles every epoch
-            verbose=0,
-            callbacks=callbacks + [limit],
-        )
-        timings[name] = time.perf_counter() - start
-        if limit.epochs < args.epochs:
-            print(
-                f"[{name}: time limit, stopped after {limit.epochs} of "
-                f"{args.epochs} epochs]",
-                flush=True,
+        with distribute.model_scope():
+            model = build_model(kind, views, length, args)
+            batches = BucketedBatches(
+                {v: x_train[v] for v in views},
+                train["label"],
+                args.batch_size,
+                args.seed,
             )
-        predictions = model.predict(
-            {v: x_test[v] for v in views}, batch_size=256, verbose=0
-        )
+            start = time.perf_counter()
+            callbacks = (
+                []
+                if args.quick
+                else [EpochReport({v: x_test[v] for v in views}, test)]
+            )
+            limit = TimeLimit(args.time_limit or float("inf"))
+            model.fit(
+                batches.for_fit(),
+                epochs=args.epochs,
+                shuffle=False,  # BucketedBatches reshuffles every epoch
+                verbose=0,
+                callbacks=callbacks + [limit],
+            )
+            timings[name] = time.perf_counter() - start
+            if limit.epochs < args.epochs:
+                print(
+                    f"[{name}: time limit, stopped after {limit.epochs} of "
+                    f"{args.epochs} epochs]",
+                    flush=True,
+                )
+            predictions = model.predict(
+                {v: x_test[v] for v in views}, batch_size=256, verbose=0
+            )
         for v in views:
             results[(kind, v)] = accuracy_by_depth(
                 predictions[v], test["label"], test["depth"]

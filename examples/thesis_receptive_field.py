@@ -46,6 +46,7 @@ from flag_types import positive_int  # noqa: E402
 from flag_types import seed  # noqa: E402
 from keras import ops  # noqa: E402
 
+from keras_attnvariants import distribute  # noqa: E402
 from keras_attnvariants.callbacks import TemperatureSchedule  # noqa: E402
 from keras_attnvariants.datasets.stack_language import VOCAB_SIZE  # noqa: E402
 from keras_attnvariants.datasets.stack_language import stack_language  # noqa: E402
@@ -266,35 +267,36 @@ def main(argv=None):
         args.test_size, args.length, args.seed + 1, args.bos
     )
     steps = args.epochs * (-(-args.train_size // args.batch_size))
-    model, encoder = build(args, steps)
-    callbacks = []
-    if args.final_temperature is not None:
-        callbacks.append(
-            TemperatureSchedule(
-                "linear",
-                initial=args.temperature,
-                final=args.final_temperature,
-                steps=max(args.epochs - 1, 1),
-                floor=min(args.temperature, args.final_temperature),
+    with distribute.model_scope():
+        model, encoder = build(args, steps)
+        callbacks = []
+        if args.final_temperature is not None:
+            callbacks.append(
+                TemperatureSchedule(
+                    "linear",
+                    initial=args.temperature,
+                    final=args.final_temperature,
+                    steps=max(args.epochs - 1, 1),
+                    floor=min(args.temperature, args.final_temperature),
+                )
             )
+        if not args.quick:
+            callbacks.append(
+                FieldReport(encoder, x_test[:1000], truth[:1000], args.bos)
+            )
+        fit_start = time.perf_counter()
+        model.fit(
+            x_train,
+            y_train,
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            verbose=0 if args.quick else 2,
+            callbacks=callbacks,
         )
-    if not args.quick:
-        callbacks.append(
-            FieldReport(encoder, x_test[:1000], truth[:1000], args.bos)
-        )
-    fit_start = time.perf_counter()
-    model.fit(
-        x_train,
-        y_train,
-        batch_size=args.batch_size,
-        epochs=args.epochs,
-        verbose=0 if args.quick else 2,
-        callbacks=callbacks,
-    )
-    fit_seconds = time.perf_counter() - fit_start
-    logits = model.predict(x_test, batch_size=256, verbose=0)
-    accuracy = float(np.mean(np.argmax(logits, -1) == y_test))
-    fields = hard_fields(encoder, x_test)
+        fit_seconds = time.perf_counter() - fit_start
+        logits = model.predict(x_test, batch_size=256, verbose=0)
+        accuracy = float(np.mean(np.argmax(logits, -1) == y_test))
+        fields = hard_fields(encoder, x_test)
     precision, recall = scored(fields, truth, args.bos)
     sizes = words(fields, args.bos).sum(-1).mean()
     true_sizes = words(truth, args.bos).sum(-1).mean()

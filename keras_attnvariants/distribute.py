@@ -10,7 +10,11 @@ nothing else.
 
 On the JAX backend use `keras.distribution.DataParallel` instead (see
 `data_parallel()`); on PyTorch use its own data-parallel tools.
+`model_scope()` picks for the backend at hand: the examples build, compile
+and fit their models inside it.
 """
+
+import contextlib
 
 import keras
 
@@ -157,3 +161,42 @@ def data_parallel():
     return keras.distribution.DataParallel(
         devices=keras.distribution.list_devices()
     )
+
+
+@contextlib.contextmanager
+def model_scope(tpu=None, cpu_replicas=None):
+    """Where to build, compile and fit a model, for any backend.
+
+    - TensorFlow: the scope of `pick_strategy(tpu, cpu_replicas)` (a TPU,
+      the GPUs, or the default strategy); yields the strategy.
+    - JAX: with several devices, the `data_parallel()` distribution (the
+      global batch is split over the devices, so batch sizes must divide
+      by their number); with one, nothing. Yields the distribution or
+      `None`.
+    - PyTorch: nothing (use its own data-parallel tools); yields `None`.
+
+    Example:
+
+    >>> from keras_attnvariants import distribute
+    >>> with distribute.model_scope():
+    ...     model = keras.Sequential([keras.layers.Dense(1)])
+    ...     model.compile("sgd", "mse")
+    """
+    backend = keras.config.backend()
+    if backend != "tensorflow" and (tpu, cpu_replicas) != (None, None):
+        raise ValueError(
+            "`tpu` and `cpu_replicas` pick a tf.distribute strategy and need "
+            f"the TensorFlow backend. Received: tpu={tpu!r}, "
+            f"cpu_replicas={cpu_replicas!r} with "
+            f"KERAS_BACKEND={backend!r}"
+        )
+    if backend == "tensorflow":
+        strategy = pick_strategy(tpu=tpu, cpu_replicas=cpu_replicas)
+        with strategy.scope():
+            yield strategy
+    elif backend == "jax" and len(keras.distribution.list_devices()) > 1:
+        distribution = data_parallel()
+        with distribution.scope():
+            yield distribution
+    else:
+        yield None

@@ -122,6 +122,45 @@ def test_pick_strategy_found_tpu_that_fails_to_initialize_raises(monkeypatch):
 
 
 @on_tf
+def test_model_scope_opens_the_picked_strategy(monkeypatch):
+    import tensorflow as tf
+
+    from keras_attnvariants import distribute
+
+    picked = tf.distribute.OneDeviceStrategy("/cpu:0")
+    asked = []
+
+    def pick_strategy(**kwargs):
+        asked.append(kwargs)
+        return picked
+
+    monkeypatch.setattr(distribute, "pick_strategy", pick_strategy)
+    with distribute.model_scope(cpu_replicas=1) as strategy:
+        assert strategy is picked
+        assert tf.distribute.get_strategy() is picked
+        variable = keras.Variable(1.0)
+    assert tf.distribute.get_strategy() is not picked
+    assert asked == [{"tpu": None, "cpu_replicas": 1}]
+    assert "CPU:0" in variable.value.device
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_model_scope_elsewhere_takes_no_strategy_arguments(
+    monkeypatch, backend
+):
+    from keras_attnvariants import distribute
+
+    monkeypatch.setattr(keras.config, "backend", lambda: backend)
+    monkeypatch.setattr(keras.distribution, "list_devices", lambda: ["cpu:0"])
+    with distribute.model_scope() as picked:
+        assert picked is None  # one device: nothing to distribute
+    for kwargs in ({"tpu": "local"}, {"cpu_replicas": 2}):
+        with pytest.raises(ValueError, match="TensorFlow backend"):
+            with distribute.model_scope(**kwargs):
+                pass
+
+
+@on_tf
 @pytest.mark.parametrize("value", [-1, 0, 1.5, True, "2"])
 def test_pick_strategy_rejects_bad_cpu_replicas(value):
     from keras_attnvariants import distribute
@@ -151,6 +190,8 @@ def test_jax_data_parallel_over_two_host_devices():
     )
     assert {r["name"] for r in results} == set(layer_zoo.LAYERS)
     for result in results:
+        # `model_scope()` picked data parallelism over both devices.
+        assert result["distribution"] == "DataParallel"
         assert result["devices"] == 2
         # The variables live on both devices: the distribution was in
         # effect (the device count above held without it).

@@ -3,11 +3,14 @@
     XLA_FLAGS=--xla_force_host_platform_device_count=2 KERAS_BACKEND=jax \
         python -m keras_attnvariants.testing.jax_data_parallel [NAME ...]
 
-Prints one JSON line per model: name, the distribution's device count,
+The parallel run builds, compiles and fits inside `distribute.model_scope()`,
+as the examples do. Prints one JSON line per model: name, the distribution
+(its class and device count),
 both loss histories and the number of devices holding the first trainable
 variable in each run (all of them once the distribution is in effect).
 """
 
+import contextlib
 import json
 import sys
 
@@ -17,29 +20,33 @@ from keras_attnvariants import distribute
 from keras_attnvariants.testing import layer_zoo
 
 
-def train(name, distribution, data):
-    """Loss history and the first variable's device count."""
-    keras.distribution.set_distribution(distribution)
-    try:
+def train(name, scope, data):
+    """Loss history, the first variable's device count and what `scope`
+    yielded (if it is the active distribution), the model built, compiled
+    and fitted inside `scope`."""
+    with scope as distribution:
+        active = keras.distribution.distribution() is distribution
         model = layer_zoo.build_model(name)
         model.compile(keras.optimizers.SGD(0.1), "mse")
         history = model.fit(
             *data, batch_size=8, epochs=2, shuffle=False, verbose=0
         )
-    finally:
-        keras.distribution.set_distribution(None)
     variable = model.trainable_variables[0].value
-    return history.history["loss"], len(variable.sharding.device_set)
+    devices = len(variable.sharding.device_set)
+    return history.history["loss"], devices, distribution if active else None
 
 
 def main(names):
-    distribution = distribute.data_parallel()
     data = layer_zoo.training_data()
     for name in names:
-        single, single_devices = train(name, None, data)
-        parallel, parallel_devices = train(name, distribution, data)
+        single, single_devices, _ = train(name, contextlib.nullcontext(), data)
+        # What the examples use: `data_parallel()` with several devices.
+        parallel, parallel_devices, distribution = train(
+            name, distribute.model_scope(), data
+        )
         record = {
             "name": name,
+            "distribution": type(distribution).__name__,
             "devices": len(distribution.device_mesh.devices.flatten()),
             "single": single,
             "loss": parallel,
