@@ -379,3 +379,67 @@ def test_arithmetic_table_states_the_epochs_run():
     assert "| epochs |" in lines[0]
     assert lines[2].startswith("| separate | prefix | 56 | 50.0 (45.9) |")
     assert lines[3].startswith("| multiview | prefix | 75 | 60.0 (65.3) |")
+
+
+@pytest.mark.skipif(
+    keras.config.backend() != "tensorflow",
+    reason="a tf.distribute strategy",
+)
+def test_finetune_trains_every_variant_under_a_strategy(monkeypatch, tmp_path):
+    # Under a tf.distribute strategy (one GPU or more: a MirroredStrategy)
+    # "standard" fit the pretrained backbone, loaded outside the strategy
+    # scope, and failed ("`colocate_vars_with` must only be passed a
+    # variable created in this tf.distribute.Strategy.scope()").
+    # OneDeviceStrategy checks variables the same way, on the CPU.
+    import keras_hub
+    import tensorflow as tf
+
+    from keras_attnvariants import distribute
+
+    example = _load("finetune_pretrained_with_variants")
+    length = 8
+
+    def load_minilm(sequence_length):
+        backbone = keras_hub.models.BertBackbone(
+            vocabulary_size=30,
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=8,
+            intermediate_dim=16,
+            max_sequence_length=length,
+        )
+
+        def preprocessor(texts):
+            ids = np.array([[2 + len(t) % 20] * length for t in texts])
+            return {
+                "token_ids": ids.astype("int32"),
+                "segment_ids": np.zeros_like(ids, "int32"),
+                "padding_mask": np.ones_like(ids, bool),
+            }
+
+        return backbone, preprocessor
+
+    def rotten_tomatoes(count, seed):
+        return [f"review {i}" for i in range(count)], np.arange(count) % 2
+
+    strategies = []
+
+    def pick_strategy(**kwargs):
+        strategies.append(tf.distribute.OneDeviceStrategy("/cpu:0"))
+        return strategies[-1]
+
+    monkeypatch.setattr(example, "load_minilm", load_minilm)
+    monkeypatch.setattr(example, "rotten_tomatoes", rotten_tomatoes)
+    monkeypatch.setattr(distribute, "pick_strategy", pick_strategy)
+    example.main(
+        [
+            "--quick",
+            "--variants",
+            "dnas,standard",
+            "--sequence-length",
+            str(length),
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert strategies
