@@ -3,17 +3,16 @@
 import keras
 from keras import ops
 
+from keras_attnvariants.layers.noise import distributed_uniform
+from keras_attnvariants.layers.noise import noise_key as noise_key
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.ops.combine import relaxed_gumbel_attend
 from keras_attnvariants.ops.combine import softmax_attend
 from keras_attnvariants.ops.combine import straight_through_gumbel_attend
 from keras_attnvariants.ops.gumbel import argmax_indices
-from keras_attnvariants.ops.gumbel import fmix32
 from keras_attnvariants.ops.gumbel import gather_values
 from keras_attnvariants.ops.gumbel import gumbel_from_uniform
-from keras_attnvariants.ops.gumbel import hash_words
 from keras_attnvariants.ops.gumbel import one_hot_at
-from keras_attnvariants.ops.gumbel import positional_uniform
 from keras_attnvariants.ops.gumbel import relaxed_sample
 from keras_attnvariants.ops.gumbel import rows_with_valid_key
 from keras_attnvariants.ops.gumbel import selection_logits
@@ -37,52 +36,6 @@ def check_temperature(temperature):
     infinities are not.
     """
     check_float("temperature", temperature)
-
-
-# Salts of the seed words and the replica id in the noise key.
-_SEED_SALT = 0x3C6EF372
-_REPLICA_SALT = 0x1B873593
-
-
-def noise_key(seed_generator):
-    """The 32-bit key of one noise draw (advances `seed_generator`).
-
-    A hash of the low 32 bits of the generator's two state words. Under
-    `tf.distribute` every replica holds the same generator state, so on the
-    TensorFlow backend, inside a replica context with more than one replica,
-    the replica id is hashed in as well: every (step, replica) pair draws
-    its own noise (a key of `counter + replica` would make replica r at step
-    k + 1 redraw replica r + 1's noise of step k). JAX data parallelism
-    needs no such step: there the batch index of `positional_uniform` is
-    global. (Under a PyTorch DistributedDataParallel, which this package
-    does not set up, every rank would draw the same noise.)
-    """
-    seed = hash_words(seed_generator.next())  # the low 32 bits of each
-    key = fmix32(ops.bitwise_xor(seed[0], hash_words(_SEED_SALT)))
-    key = fmix32(ops.bitwise_xor(key, seed[1]))
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        context = tf.distribute.get_replica_context()
-        if context is not None and context.num_replicas_in_sync > 1:
-            replica = hash_words(context.replica_id_in_sync_group)
-            replica = fmix32(
-                ops.bitwise_xor(replica, hash_words(_REPLICA_SALT))
-            )
-            key = fmix32(ops.bitwise_xor(key, replica))
-    return key
-
-
-def distributed_uniform(shape, seed_generator):
-    """float32 uniforms from `seed_generator`, distinct on each replica,
-    and stable under padding.
-
-    `positional_uniform` with the key `noise_key(seed_generator)`: an
-    entry depends on the key and on its index only, so the noise on real
-    tokens does not change with the amount of padding after them (nor with
-    XLA, nor with the backend, for the same generator state).
-    """
-    return positional_uniform(noise_key(seed_generator), shape)
 
 
 def noise_seed(seed):
@@ -163,9 +116,9 @@ class GumbelDiscreteAttention(VariantAttention):
     a compiled `fit`. Noise comes from a `keras.random.SeedGenerator`
     seeded by `seed`, hashed with each score's index
     (`ops.gumbel.positional_uniform`), so a sample on real tokens does
-    not change with the padding after them (MHA's `dropout`, drawn from
-    `keras.random`, does); under `tf.distribute` each replica draws
-    different noise.
+    not change with the padding after them (attention `dropout` is drawn
+    the same way, see `VariantAttention`); under `tf.distribute` each
+    replica draws different noise.
 
     Args:
         num_heads: int. Number of attention heads.

@@ -9,6 +9,7 @@ from keras.src.backend.common.masking import get_keras_mask
 from keras.src.backend.common.masking import set_keras_mask
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
+from keras_attnvariants.layers.noise import positional_dropout
 from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.losses.attention_loss import build_context
 from keras_attnvariants.ops.masking import merge_masks
@@ -144,6 +145,14 @@ class VariantAttention(keras.layers.MultiHeadAttention):
       explicit path with materialized weights is always used when the
       weights are needed (returned scores, dropout in training, attention
       losses).
+    - Attention `dropout` (training only) keeps MHA's rate and seed
+      generator but draws its mask with `layers.noise.positional_dropout`:
+      the mask of weight `(b, n, t, s)` hashes the generator state with
+      that index, so outputs on real tokens do not change with the amount
+      of padding after them, and replicas under `tf.distribute` drop
+      different weights. Keras MHA's `Dropout` draws one mask over the
+      whole shape (a new one when the padding changes) and the same on
+      every replica.
 
     Args:
         num_heads: int. Number of attention heads.
@@ -485,8 +494,13 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         """Output `(B, T, N, H)` and the weights in the compute dtype."""
         weights = ops.cast(weights, self.compute_dtype)
         final_weights = weights
-        if self._dropout > 0.0:
-            final_weights = self._dropout_layer(weights, training=training)
+        if self._dropout > 0.0 and training:
+            # MHA's own dropout layer draws from `keras.random`: a new mask
+            # everywhere when the padding changes. Same rate and generator
+            # (no new variables), with a mask hashed from each entry's index.
+            final_weights = positional_dropout(
+                weights, self._dropout, self._dropout_layer.seed_generator
+            )
         output = ops.einsum(COMBINE_EQUATION, final_weights, value)
         return output, weights
 

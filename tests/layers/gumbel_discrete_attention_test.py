@@ -2,6 +2,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from unittest import mock
 
 import keras
 import numpy as np
@@ -9,9 +10,11 @@ import pytest
 from absl.testing import parameterized
 from keras import ops
 
+from keras_attnvariants.layers import variant_attention
 from keras_attnvariants.layers.gumbel_discrete_attention import (
     GumbelDiscreteAttention,
 )
+from keras_attnvariants.layers.noise import positional_dropout
 from keras_attnvariants.testing import numpy_reference as ref
 from keras_attnvariants.testing.test_case import TestCase
 
@@ -358,16 +361,17 @@ class GumbelDiscreteAttentionTest(TestCase):
         x, _ = padded_inputs(seed=13, batch=16, length=8)
         layer = GumbelDiscreteAttention(**INIT, dropout=0.5, seed=3)
         layer(x, x)
-        dropout_call = layer._dropout_layer.call
         kept = {}
 
-        def recording_call(inputs, training=False):
-            outputs = dropout_call(inputs, training=training)
+        def recording_dropout(inputs, rate, seed_generator):
+            outputs = positional_dropout(inputs, rate, seed_generator)
             kept["mask"] = to_np(outputs) != 0
             return outputs
 
-        layer._dropout_layer.call = recording_call
-        _, w = layer(x, x, return_attention_scores=True, training=True)
+        with mock.patch.object(
+            variant_attention, "positional_dropout", recording_dropout
+        ):
+            _, w = layer(x, x, return_attention_scores=True, training=True)
         w, mask = to_np(w), kept["mask"]
         # Independent dropout: both means are 1 / S up to sampling noise
         # (standard error about 0.004).

@@ -1,0 +1,93 @@
+"""Seeded noise for layers, stable under padding and distinct per replica.
+
+A layer keeps a `keras.random.SeedGenerator`; each draw hashes the
+generator's state (and, under `tf.distribute`, the replica id) into one
+32-bit key, and every entry of the noise is a hash of that key and of the
+entry's own index (`ops.gumbel.positional_uniform`). Noise on real tokens
+then does not change with the amount of padding after them, is identical
+on every backend and in or out of XLA, and differs between replicas.
+"""
+
+import keras
+from keras import ops
+
+from keras_attnvariants.ops.gumbel import fmix32
+from keras_attnvariants.ops.gumbel import hash_words
+from keras_attnvariants.ops.gumbel import positional_uniform
+from keras_attnvariants.validation import check_float
+
+# Salts of the seed words and the replica id in the noise key.
+_SEED_SALT = 0x3C6EF372
+_REPLICA_SALT = 0x1B873593
+
+
+def noise_key(seed_generator):
+    """The 32-bit key of one noise draw (advances `seed_generator`).
+
+    A hash of the low 32 bits of the generator's two state words. Under
+    `tf.distribute` every replica holds the same generator state, so on the
+    TensorFlow backend, inside a replica context with more than one replica,
+    the replica id is hashed in as well: every (step, replica) pair draws
+    its own noise (a key of `counter + replica` would make replica r at step
+    k + 1 redraw replica r + 1's noise of step k). JAX data parallelism
+    needs no such step: there the batch index of `positional_uniform` is
+    global. (Under a PyTorch DistributedDataParallel, which this package
+    does not set up, every rank would draw the same noise.)
+    """
+    seed = hash_words(seed_generator.next())  # the low 32 bits of each
+    key = fmix32(ops.bitwise_xor(seed[0], hash_words(_SEED_SALT)))
+    key = fmix32(ops.bitwise_xor(key, seed[1]))
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            replica = hash_words(context.replica_id_in_sync_group)
+            replica = fmix32(
+                ops.bitwise_xor(replica, hash_words(_REPLICA_SALT))
+            )
+            key = fmix32(ops.bitwise_xor(key, replica))
+    return key
+
+
+def distributed_uniform(shape, seed_generator):
+    """float32 uniforms from `seed_generator`, distinct on each replica,
+    and stable under padding.
+
+    `positional_uniform` with the key `noise_key(seed_generator)`: an
+    entry depends on the key and on its index only, so the noise on real
+    tokens does not change with the amount of padding after them (nor with
+    XLA, nor with the backend, for the same generator state).
+    """
+    return positional_uniform(noise_key(seed_generator), shape)
+
+
+def positional_dropout(inputs, rate, seed_generator):
+    """Inverted dropout whose mask is stable under padding.
+
+    Like `keras.random.dropout`: each entry is zeroed with probability
+    `rate` and the others are scaled by `1 / (1 - rate)`. The keep mask is
+    `distributed_uniform(shape, seed_generator) >= rate`, so the entries of
+    real `(b, n, t, s)` positions keep their mask whatever the amount of
+    padding after them (`keras.random.dropout` draws a new mask everywhere
+    when the shape changes), and replicas drop different entries.
+
+    Args:
+        inputs: tensor, e.g. attention weights `(B, N, T, S)`.
+        rate: float in `[0, 1)`, the fraction dropped.
+        seed_generator: the `keras.random.SeedGenerator` it advances.
+
+    Returns:
+        A tensor of `inputs`' shape and dtype.
+    """
+    rate = check_float("rate", rate, 0.0, True)
+    if rate >= 1.0:
+        raise ValueError(f"`rate` must be in [0, 1). Received: rate={rate}")
+    inputs = ops.convert_to_tensor(inputs)
+    if rate == 0.0:
+        return inputs
+    keep = ops.greater_equal(
+        distributed_uniform(ops.shape(inputs), seed_generator), rate
+    )
+    scale = ops.cast(1.0 / (1.0 - rate), inputs.dtype)
+    return ops.where(keep, ops.multiply(inputs, scale), ops.zeros_like(inputs))
