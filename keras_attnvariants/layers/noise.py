@@ -31,23 +31,47 @@ def noise_key(seed_generator):
     its own noise (a key of `counter + replica` would make replica r at step
     k + 1 redraw replica r + 1's noise of step k). JAX data parallelism
     needs no such step: there the batch index of `positional_uniform` is
-    global. (Under a PyTorch DistributedDataParallel, which this package
-    does not set up, every rank would draw the same noise.)
+    global. On the PyTorch backend, with an initialized
+    `torch.distributed` process group of several ranks (e.g. under
+    `DistributedDataParallel`, where every rank seeds alike and indexes
+    its own local batch from 0), the rank is hashed in the same way.
     """
     seed = hash_words(seed_generator.next())  # the low 32 bits of each
     key = fmix32(ops.bitwise_xor(seed[0], hash_words(_SEED_SALT)))
     key = fmix32(ops.bitwise_xor(key, seed[1]))
-    if keras.backend.backend() == "tensorflow":
+    replica = _replica_id()
+    if replica is not None:
+        replica = hash_words(replica)
+        replica = fmix32(ops.bitwise_xor(replica, hash_words(_REPLICA_SALT)))
+        key = fmix32(ops.bitwise_xor(key, replica))
+    return key
+
+
+def _replica_id():
+    """This replica's index among several data-parallel ones, or None.
+
+    TensorFlow: the replica id inside a `tf.distribute` replica context
+    with more than one replica (a tensor). PyTorch: the rank of an
+    initialized `torch.distributed` group of more than one process. JAX
+    data parallelism shards one global batch, so none is needed.
+    """
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
         import tensorflow as tf
 
         context = tf.distribute.get_replica_context()
         if context is not None and context.num_replicas_in_sync > 1:
-            replica = hash_words(context.replica_id_in_sync_group)
-            replica = fmix32(
-                ops.bitwise_xor(replica, hash_words(_REPLICA_SALT))
-            )
-            key = fmix32(ops.bitwise_xor(key, replica))
-    return key
+            return context.replica_id_in_sync_group
+    elif backend == "torch":
+        import torch.distributed as dist
+
+        if (
+            dist.is_available()
+            and dist.is_initialized()
+            and dist.get_world_size() > 1
+        ):
+            return dist.get_rank()
+    return None
 
 
 def distributed_uniform(shape, seed_generator):
