@@ -8,9 +8,6 @@ layers drop with `layers.noise.positional_dropout` (the mask of entry
 same dropout generator, so no variable is added.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import keras
@@ -29,6 +26,7 @@ from keras_attnvariants.layers.hybrid_attention import HybridAttention
 from keras_attnvariants.layers.noise import noise_key
 from keras_attnvariants.layers.noise import positional_dropout
 from keras_attnvariants.ops.gumbel import positional_uniform
+from keras_attnvariants.testing.subprocesses import run_script
 from keras_attnvariants.testing.test_case import TestCase
 
 LAYERS = {
@@ -241,15 +239,5 @@ MIRRORED_SCRIPT = textwrap.dedent(
 )
 @pytest.mark.slow
 def test_mirrored_replicas_drop_different_weights():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run(
-        [sys.executable, "-c", MIRRORED_SCRIPT],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    lines = dict(x.split() for x in result.stdout.splitlines() if "DIFF" in x)
-    assert float(lines["MINDIFF"]) > 1e-3, result.stdout
+    lines = run_script(MIRRORED_SCRIPT)
+    assert float(lines["MINDIFF"]) > 1e-3, lines

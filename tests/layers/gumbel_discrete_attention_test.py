@@ -1,6 +1,3 @@
-import os
-import subprocess
-import sys
 import textwrap
 from unittest import mock
 
@@ -16,6 +13,7 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (
 )
 from keras_attnvariants.layers.noise import positional_dropout
 from keras_attnvariants.testing import numpy_reference as ref
+from keras_attnvariants.testing.subprocesses import run_script
 from keras_attnvariants.testing.test_case import TestCase
 
 INIT = {"num_heads": 2, "key_dim": 3}
@@ -507,16 +505,6 @@ MIRRORED_SCRIPT = textwrap.dedent(
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute")
 @pytest.mark.slow
 def test_mirrored_replicas_draw_different_noise():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run(
-        [sys.executable, "-c", MIRRORED_SCRIPT],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    lines = dict(x.split() for x in result.stdout.splitlines() if "DIFF" in x)
-    assert float(lines["MAXDIFF"]) > 1e-3, result.stdout
-    assert float(lines["MINDIFF"]) > 1e-3, result.stdout
+    lines = run_script(MIRRORED_SCRIPT)
+    assert float(lines["MAXDIFF"]) > 1e-3, lines
+    assert float(lines["MINDIFF"]) > 1e-3, lines
