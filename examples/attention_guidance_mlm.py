@@ -174,11 +174,16 @@ def build_model(args, vocab_size, regularizer):
 
 
 def model_inputs(inputs, positions):
-    """The `BertMaskedLM` input dict of masked windows."""
+    """The `BertMaskedLM` input dict of masked windows.
+
+    The padding mask is int32, as keras-hub declares it: under several
+    replicas Keras sums the first batch's inputs across them, and a bool
+    input fails there (`AddN` takes no bool).
+    """
     return {
         "token_ids": inputs,
         "segment_ids": np.zeros_like(inputs),
-        "padding_mask": inputs != PAD,
+        "padding_mask": (inputs != PAD).astype("int32"),
         "mask_positions": positions,
     }
 
@@ -199,16 +204,19 @@ class StepLosses(keras.callbacks.Callback):
 
 def train(args, vocab_size, features, labels, guided):
     keras.utils.set_random_seed(args.seed)
-    regularizer = None
-    if guided:
-        regularizer = kav.AttentionGuidanceRegularizer(
-            kav.losses.default_head_patterns(args.heads, fraction=0.5),
-            alpha=args.alpha,
-            decay_steps=args.steps,
-            reduction=args.reduction,
-            name="attention_guidance",
-        )
+    # Everything inside the scope: the guidance term's step counter, made
+    # outside a strategy, would be one variable that every replica
+    # advances (alpha_t decaying N times too fast on N devices).
     with distribute.model_scope():
+        regularizer = None
+        if guided:
+            regularizer = kav.AttentionGuidanceRegularizer(
+                kav.losses.default_head_patterns(args.heads, fraction=0.5),
+                alpha=args.alpha,
+                decay_steps=args.steps,
+                reduction=args.reduction,
+                name="attention_guidance",
+            )
         model = build_model(args, vocab_size, regularizer)
         model.compile(
             optimizer=keras.optimizers.Adam(args.learning_rate),

@@ -443,3 +443,73 @@ def test_finetune_trains_every_variant_under_a_strategy(monkeypatch, tmp_path):
         ]
     )
     assert strategies
+
+
+MLM_UNDER_MIRRORED = """
+import argparse, json, sys
+sys.path.insert(0, {examples!r})
+import numpy as np
+import keras_attnvariants as kav
+from keras_attnvariants import distribute
+
+distribute.split_cpu(2)
+pick = distribute.pick_strategy
+distribute.pick_strategy = lambda **kwargs: pick(cpu_replicas=2)
+import attention_guidance_mlm as example
+
+terms = []
+class Recorded(kav.AttentionGuidanceRegularizer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        terms.append(self)
+kav.AttentionGuidanceRegularizer = Recorded
+args = argparse.Namespace(
+    steps=3, batch_size=4, layers=1, heads=2, hidden=8, length=12,
+    dropout=0.0, learning_rate=1e-3, alpha=1.0, reduction="mean", seed=0,
+)
+rng = np.random.default_rng(0)
+windows = np.zeros((12, 12), "int32")
+windows[:, 0], windows[:, 1:11], windows[:, 11] = 2, 7, 3
+windows[:, 1:11] = rng.integers(5, 30, (12, 10))
+inputs, positions, labels = example.mask_tokens(windows, 30, rng)
+features = example.model_inputs(inputs, positions)
+curve, _ = example.train(args, 30, features, labels, guided=True)
+(term,) = terms
+print(json.dumps({{
+    "step": float(term.step.numpy()),
+    "sync_on_read": type(term.step.value).__name__,
+    "curve": [float(v) for v in curve],
+}}))
+"""
+
+
+@pytest.mark.skipif(
+    keras.config.backend() != "tensorflow",
+    reason="a tf.distribute strategy",
+)
+def test_mlm_guidance_counts_steps_under_mirrored_strategy():
+    # The guidance term was created before `model_scope()` was entered: its
+    # step counter was a plain variable that both replicas advanced, so
+    # `alpha_t` decayed twice as fast on 2 GPUs. And a bool padding mask
+    # failed under several replicas (Keras reduces the first batch's
+    # inputs with AddN, which takes no bool): keras-hub's inputs are int.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = MLM_UNDER_MIRRORED.format(examples=str(EXAMPLES))
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["sync_on_read"] == "SyncOnReadVariable"
+    assert result["step"] == 3.0
+    assert len(result["curve"]) == 3
+    assert np.all(np.isfinite(result["curve"]))
