@@ -106,8 +106,18 @@ def build_classifier(pretrained, name, args):
 
 
 def encode(preprocessor, texts):
-    features = preprocessor(texts)
-    return {k: keras.ops.convert_to_numpy(v) for k, v in features.items()}
+    """NumPy features of `texts`; the bool padding mask as int32.
+
+    keras-hub declares `padding_mask` int32. Under several replicas Keras
+    sums the first batch's inputs across them (`AddN`), which fails on
+    bool: the preprocessor's bool mask stopped `fit` under a 2-device
+    MirroredStrategy (reproduced over 2 logical CPUs).
+    """
+    features = {
+        k: keras.ops.convert_to_numpy(v) for k, v in preprocessor(texts).items()
+    }
+    features["padding_mask"] = features["padding_mask"].astype("int32")
+    return features
 
 
 def plot_hybrid_weights(u, initial, path):

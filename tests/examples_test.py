@@ -445,6 +445,31 @@ def test_finetune_trains_every_variant_under_a_strategy(monkeypatch, tmp_path):
     assert strategies
 
 
+def test_finetune_features_have_no_bool_inputs():
+    # Keras sums the first batch's inputs across replicas with AddN, which
+    # takes no bool: the preprocessor's bool padding mask failed `fit`
+    # under a MirroredStrategy over 2 devices (see the MLM test below).
+    example = _load("finetune_pretrained_with_variants")
+
+    def preprocessor(texts):
+        mask = np.arange(6)[None] < np.array([[4], [6]])
+        return {
+            "token_ids": np.where(mask, 7, 0).astype("int32"),
+            "segment_ids": np.zeros((2, 6), "int32"),
+            "padding_mask": mask,
+        }
+
+    features = example.encode(preprocessor, ["a b", "c d e"])
+    assert {k: v.dtype for k, v in features.items()} == {
+        "token_ids": "int32",
+        "segment_ids": "int32",
+        "padding_mask": "int32",
+    }
+    np.testing.assert_array_equal(
+        features["padding_mask"], preprocessor(None)["padding_mask"]
+    )
+
+
 MLM_UNDER_MIRRORED = """
 import argparse, json, sys
 sys.path.insert(0, {examples!r})
