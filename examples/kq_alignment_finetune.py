@@ -88,8 +88,10 @@ def build_classifier(
         "segment_ids": keras.Input(
             (seq_len,), dtype="int32", name="segment_ids"
         ),
+        # int32, as keras-hub declares it: under several replicas Keras
+        # sums the first batch's inputs across them (AddN: no bool).
         "padding_mask": keras.Input(
-            (seq_len,), dtype="bool", name="padding_mask"
+            (seq_len,), dtype="int32", name="padding_mask"
         ),
     }
     sequence = converted(inputs)["sequence_output"]
@@ -177,6 +179,7 @@ def main(argv=None):
     backbone = first_layers(backbone, layers)
     texts, labels = rotten_tomatoes(n_train + n_test, seed=0)
     features = {k: np.asarray(v) for k, v in preprocessor(list(texts)).items()}
+    features["padding_mask"] = features["padding_mask"].astype("int32")
     train = ({k: v[:n_train] for k, v in features.items()}, labels[:n_train])
     test = ({k: v[n_train:] for k, v in features.items()}, labels[n_train:])
     print(

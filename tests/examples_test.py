@@ -538,3 +538,40 @@ def test_mlm_guidance_counts_steps_under_mirrored_strategy():
     assert result["step"] == 3.0
     assert len(result["curve"]) == 3
     assert np.all(np.isfinite(result["curve"]))
+
+
+def test_kq_classifier_takes_no_bool_input():
+    # A bool `padding_mask` input failed `fit` under a multi-replica
+    # MirroredStrategy (Keras reduces the first batch's inputs with AddN).
+    import keras_hub
+
+    example = _load("kq_alignment_finetune")
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=30,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=6,
+    )
+    model = example.build_classifier(backbone, "none", 0.0, 6, 1e-3, seed=0)
+    dtypes = {
+        x.name: keras.backend.standardize_dtype(x.dtype) for x in model.inputs
+    }
+    assert dtypes == dict.fromkeys(
+        ("token_ids", "segment_ids", "padding_mask"), "int32"
+    )
+    # Padding still masked: the padded token's id does not matter.
+    mask = np.array([[1, 1, 1, 1, 0, 0]], "int32")
+    outputs = [
+        model.predict(
+            {
+                "token_ids": np.array([[2, 5, 6, 3, pad, pad]], "int32"),
+                "segment_ids": np.zeros((1, 6), "int32"),
+                "padding_mask": mask,
+            },
+            verbose=0,
+        )
+        for pad in (0, 9)
+    ]
+    np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-6)
