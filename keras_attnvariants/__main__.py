@@ -34,6 +34,17 @@ def variant_list(text):
     return tuple(names)
 
 
+def positive_int(text):
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return value
+
+
 def folder_problem(path):
     """Why the demo could not create or write `path` as a folder, or `None`.
 
@@ -108,9 +119,26 @@ def parse(argv):
     demo.add_argument(
         "--jit-compile", action="store_true", help="compile steps with XLA"
     )
+    demo.add_argument(
+        "--cpu-replicas",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="without accelerators: a MirroredStrategy over N logical CPU "
+        "devices (not with --jit-compile)",
+    )
     args = parser.parse_args(argv)
     if args.command is None:
         parser.error(f"missing command; choose from {', '.join(COMMANDS)}")
+    if (
+        args.command == "demo"
+        and args.jit_compile
+        and (args.cpu_replicas or 1) > 1
+    ):
+        demo.error(
+            "argument --cpu-replicas: XLA (--jit-compile) cannot run a "
+            "MirroredStrategy over logical CPU devices"
+        )
     if args.command == "demo" and not 0 <= args.seed <= MAX_SEED:
         demo.error(
             f"argument --seed: must be an int >= 0 and <= {MAX_SEED}, "
@@ -131,6 +159,7 @@ def main(argv=None):
         seed=args.seed,
         jit_compile=args.jit_compile,
         export_dir=args.export_dir,
+        cpu_replicas=args.cpu_replicas,
     )
     return 0 if summary["reload_parity"] else 1
 

@@ -59,7 +59,13 @@ def load_task(size, seed):
         texts, labels = offline.rotten_tomatoes(n_train + n_test, seed=seed)
         backbone, preprocessor = pretrained.load_minilm(length)
         backbone = pretrained.first_layers(backbone, num_layers)
-        features = {k: np.asarray(v) for k, v in preprocessor(texts).items()}
+        features = {
+            # int32 like every input (keras-hub declares the padding mask
+            # so): under several replicas Keras's first symbolic build sums
+            # the inputs across replicas with AddN, which rejects bool.
+            k: np.asarray(v).astype("int32")
+            for k, v in preprocessor(texts).items()
+        }
         return {
             "name": f"MiniLM (pretrained, first {num_layers} of 6 layers) "
             "on Rotten Tomatoes",
@@ -94,7 +100,7 @@ def load_task(size, seed):
     labels = ((tokens == 4).sum(1) > (tokens == 5).sum(1)).astype("int32")
     features = {
         "token_ids": tokens.astype("int32"),
-        "padding_mask": valid,
+        "padding_mask": valid.astype("int32"),
         "segment_ids": np.zeros_like(tokens, "int32"),
     }
     return {
@@ -153,11 +159,7 @@ def convert(backbone, variant, num_heads, steps):
 
 def build_classifier(backbone, learning_rate, jit_compile):
     inputs = {
-        name: keras.Input(
-            (None,),
-            dtype="bool" if name == "padding_mask" else "int32",
-            name=name,
-        )
+        name: keras.Input((None,), dtype="int32", name=name)
         for name in ("token_ids", "padding_mask", "segment_ids")
     }
     hidden = backbone(inputs)["sequence_output"]
@@ -346,12 +348,20 @@ def run(
     seed=0,
     jit_compile=False,
     export_dir=None,
+    cpu_replicas=None,
 ):
     """Runs the demo; returns the summary dict also written to output.
 
+    `cpu_replicas`: on a machine without accelerators, train under a
+    `MirroredStrategy` over this many logical CPU devices (an int >= 1,
+    made with `distribute.split_cpu` before TensorFlow starts; not with
+    `jit_compile`, see `distribute.pick_strategy`). `None`: the strategy
+    `pick_strategy()` finds (a TPU, the GPUs, or the default one).
+
     Raises:
-        ValueError: for an unknown `size`, an unknown or repeated variant or
-            a `seed` outside `[0, 2**32 - 1]`, before anything runs.
+        ValueError: for an unknown `size`, an unknown or repeated variant,
+            a `seed` outside `[0, 2**32 - 1]` or a bad `cpu_replicas`
+            (also with `jit_compile`), before anything runs.
         OSError: if `output` or `export_dir` cannot be created as folders,
             also before any training.
     """
@@ -372,12 +382,22 @@ def run(
         )
     # The synthetic fallback seeds Keras with it: 32 bits.
     seed = check_int("seed", seed, low=0, high=2**32 - 1)
+    if cpu_replicas is not None:
+        cpu_replicas = check_int("cpu_replicas", cpu_replicas)
+        if jit_compile and cpu_replicas > 1:
+            raise ValueError(
+                "`jit_compile=True` cannot run a MirroredStrategy over "
+                "logical CPU devices (an XLA limitation, see "
+                "`distribute.pick_strategy`). Received: jit_compile=True, "
+                f"cpu_replicas={cpu_replicas}"
+            )
+        distribute.split_cpu(cpu_replicas)
     start = time.time()
     os.makedirs(output, exist_ok=True)
     # Exporting comes after all the training: a file in the way fails now.
     export_dir = export_dir or os.path.join("saved_models", "demo_best")
     os.makedirs(export_dir, exist_ok=True)
-    strategy = distribute.pick_strategy()
+    strategy = distribute.pick_strategy(cpu_replicas=cpu_replicas)
     print(
         f"[demo] backend {keras.config.backend()}, strategy "
         f"{type(strategy).__name__} ({strategy.num_replicas_in_sync} "

@@ -24,6 +24,11 @@ from keras_attnvariants.__main__ import parse
         (["demo", "--quick", "--full"], "not allowed with argument"),
         ([], "missing command"),
         (["train"], "invalid choice: 'train'"),
+        (["demo", "--cpu-replicas", "0"], "--cpu-replicas: must be an int"),
+        (
+            ["demo", "--cpu-replicas", "2", "--jit-compile"],
+            "--cpu-replicas: XLA (--jit-compile) cannot run",
+        ),
     ],
 )
 def test_bad_flags_give_one_line_error_and_exit_2(args, message, capsys):
@@ -155,6 +160,9 @@ def _refuse_to_start(*args, **kwargs):
         ({"size": "tiny"}, "size"),
         ({"seed": 2**32}, "seed"),
         ({"seed": -1}, "seed"),
+        ({"cpu_replicas": 0}, "cpu_replicas"),
+        ({"cpu_replicas": "2"}, "cpu_replicas"),
+        ({"cpu_replicas": 2, "jit_compile": True}, "jit_compile"),
     ],
 )
 def test_demo_run_rejects_bad_arguments_before_running(
@@ -205,3 +213,39 @@ def test_default_export_dir_in_the_way_gives_one_line_error(
     assert len(lines) == 1, lines
     assert "--export-dir: must name a folder" in lines[0]
     assert "is a file, not a folder" in lines[0]
+
+
+@pytest.mark.skipif(
+    os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+    reason="tf.distribute",
+)
+@pytest.mark.slow
+def test_demo_trains_and_exports_under_two_cpu_replicas(tmp_path):
+    # The demo runs under the strategy the package picks: a MirroredStrategy
+    # on a multi-GPU host. There Keras sums the first batch across replicas
+    # with AddN, which rejected the bool padding mask the demo fed.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "keras_attnvariants",
+            "demo",
+            "--quick",
+            "--variants",
+            "standard,gumbel",
+            "--cpu-replicas",
+            "2",
+            "--output",
+            str(tmp_path / "out"),
+            "--export-dir",
+            str(tmp_path / "exported"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "MirroredStrategy (2 replica(s))" in out.stdout
+    assert "PARITY OK" in out.stdout
