@@ -168,7 +168,9 @@ def _rejects(parse, argv):
     assert error.value.code == 2
 
 
-@pytest.mark.parametrize("name", ["attention_step", "gumbel_step"])
+@pytest.mark.parametrize(
+    "name", ["attention_step", "gumbel_step", "dropout_step"]
+)
 def test_step_scripts_reject_bad_sizes(name):
     script = _load(name)
     for argv in (
@@ -246,3 +248,35 @@ def test_faster_path_is_the_direct_same_repeat_comparison():
     dnas, hnas = script.path_lines("train", "float32", results, paths)
     assert "S=512 fused (explicit / fused 1.05x" in dnas
     assert "S=512 explicit (explicit / fused 0.97x" in hnas
+
+
+def test_dropout_step_compares_the_two_dropouts_on_one_layer():
+    # The "Keras Dropout" row must trace Keras's generator (a stateless
+    # random op) and the package's row none, and the swap must not leak.
+    import tensorflow as tf
+
+    from keras_attnvariants.layers import variant_attention
+
+    script = _load("dropout_step")
+    original = variant_attention.positional_dropout
+    x = tf.zeros((2, 8, 16))
+    random_ops = {}
+    for label in (script.KERAS_DROPOUT, "softmax, this package's dropout"):
+        layer = script.make_layer(label, 2, 8, 0.5)
+        layer(x, x)
+        step = script.compiled_train_step(layer, False)
+        if label == script.KERAS_DROPOUT:
+            variant_attention.positional_dropout = script.keras_dropout(layer)
+        try:
+            graph = step.get_concrete_function(x).graph
+        finally:
+            variant_attention.positional_dropout = original
+        random_ops[label] = [
+            op.type for op in graph.get_operations() if "Random" in op.type
+        ]
+    assert random_ops[script.KERAS_DROPOUT], random_ops
+    assert not random_ops["softmax, this package's dropout"], random_ops
+    assert variant_attention.positional_dropout is original
+    call = script.compiled(script.KERAS_DROPOUT, x, 2, 0.5, False)
+    call()
+    assert variant_attention.positional_dropout is original

@@ -1,0 +1,194 @@
+"""Train-step time with attention dropout against keras MultiHeadAttention.
+
+This package's layers drop attention weights with
+`layers.noise.positional_dropout` (a hash of the generator state and each
+weight's index: stable under padding, distinct per replica); Keras MHA uses
+`keras.layers.Dropout` (`keras.random`). Every layer here has the same
+`dropout` rate, so the table compares the whole train step of one
+self-attention layer (`loss = mean(y^2)`, SGD, `training=True`), measured
+alternately in one process (shuffled order per repeat, median of per-repeat
+ratios to keras MHA with dropout). Rows:
+
+- keras MHA, dropout: the reference.
+- keras MHA, no dropout: what the reference's dropout costs.
+- softmax (`HybridAttention(hybrid_init=0.0)`, exactly MHA's attention)
+  with this package's dropout, and the same layer with Keras's `Dropout`
+  swapped in: the two dropouts side by side on one layer.
+- DNAS, HNAS and Gumbel (relaxed) with this package's dropout.
+
+TensorFlow backend with XLA (`tf.function(jit_compile=True)`) unless
+`--no-xla`.
+
+    python benchmarks/dropout_step.py --output /tmp/dropout.md
+    python benchmarks/dropout_step.py --quick   # CI smoke run, < 30 s
+"""
+
+import functools
+import os
+import random
+import sys
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf.get_logger().setLevel("ERROR")
+
+# `benchmarks/` is sys.path[0] when this script runs.
+from harness import check_step_args  # noqa: E402
+from harness import compiled_train_step  # noqa: E402
+from harness import load_average  # noqa: E402
+from harness import machine_summary  # noqa: E402
+from harness import median_ratio  # noqa: E402
+from harness import median_time  # noqa: E402
+from harness import step_parser  # noqa: E402
+from harness import steps_for  # noqa: E402
+from harness import time_alternating  # noqa: E402
+from harness import warm_up  # noqa: E402
+from harness import write_report  # noqa: E402
+
+from keras_attnvariants.layers import variant_attention  # noqa: E402
+from keras_attnvariants.layers.doubly_normalized_attention import (  # noqa: E402
+    DoublyNormalizedAttention,
+)
+from keras_attnvariants.layers.gumbel_discrete_attention import (  # noqa: E402
+    GumbelDiscreteAttention,
+)
+from keras_attnvariants.layers.hybrid_attention import HybridAttention  # noqa: E402
+
+REFERENCE = "keras MHA, dropout"
+KERAS_DROPOUT = "softmax, Keras Dropout"
+
+
+def make_layer(label, heads, key_dim, rate):
+    """The layer of one row (unbuilt)."""
+    common = {"num_heads": heads, "key_dim": key_dim, "seed": 0}
+    if label == REFERENCE:
+        return keras.layers.MultiHeadAttention(dropout=rate, **common)
+    if label == "keras MHA, no dropout":
+        return keras.layers.MultiHeadAttention(**common)
+    if label in ("softmax, this package's dropout", KERAS_DROPOUT):
+        return HybridAttention(hybrid_init=0.0, dropout=rate, **common)
+    if label == "DNAS":
+        return DoublyNormalizedAttention(dropout=rate, **common)
+    if label == "HNAS":
+        return HybridAttention(dropout=rate, **common)
+    return GumbelDiscreteAttention(dropout=rate, **common)
+
+
+LABELS = (
+    REFERENCE,
+    "keras MHA, no dropout",
+    "softmax, this package's dropout",
+    KERAS_DROPOUT,
+    "DNAS",
+    "HNAS",
+    "Gumbel (relaxed)",
+)
+
+
+def keras_dropout(layer):
+    """`layer`'s `positional_dropout` replaced by its Keras `Dropout`
+    layer while the step is traced (the comparison row)."""
+
+    def dropout(weights, rate, seed_generator):
+        return layer._dropout_layer(weights, training=True)
+
+    return dropout
+
+
+def compiled(label, x, heads, rate, xla):
+    layer = make_layer(label, heads, x.shape[-1] // heads, rate)
+    layer(x, x)  # build
+    step = compiled_train_step(layer, xla)
+    if label == KERAS_DROPOUT:
+        original = variant_attention.positional_dropout
+        variant_attention.positional_dropout = keras_dropout(layer)
+        try:
+            step.get_concrete_function(x)  # traced with Keras's Dropout
+        finally:
+            variant_attention.positional_dropout = original
+    call = functools.partial(step, x)
+    warm_up(call)
+    return call
+
+
+def parse_args(argv):
+    parser = step_parser(__doc__.splitlines()[0], [128, 512], 11, 0.3)
+    parser.add_argument(
+        "--rate", type=float, default=0.1, help="attention dropout rate"
+    )
+    parser.add_argument(
+        "--no-xla", action="store_true", help="tf.function without XLA"
+    )
+    args = parser.parse_args(argv)
+    check_step_args(parser, args)
+    if not 0.0 < args.rate < 1.0:
+        parser.error(f"--rate must be in (0, 1), got {args.rate}")
+    if args.quick:
+        args.batch, args.dim, args.heads = 2, 32, 2
+        args.lengths, args.repeats, args.min_time = [32], 3, 0.01
+        args.no_xla = True  # XLA compiles dominate a smoke run
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    random.seed(0)
+    keras.utils.set_random_seed(0)
+    machine = machine_summary()
+    results = {}
+    for length in args.lengths:
+        x = tf.constant(
+            np.random.default_rng(0).normal(
+                size=(args.batch, length, args.dim)
+            ),
+            "float32",
+        )
+        calls = {
+            label: compiled(label, x, args.heads, args.rate, not args.no_xla)
+            for label in LABELS
+        }
+        steps = steps_for(calls[REFERENCE], args.min_time)
+        times = time_alternating(calls, args.repeats, steps, seed=length)
+        results[length] = {
+            label: (
+                median_time(times, label),
+                median_ratio(times, label, REFERENCE),
+            )
+            for label in LABELS
+        }
+        print(f"[S={length}: {steps} steps/timing]", file=sys.stderr)
+    lines = [
+        f"Attention dropout {args.rate}, train step, B={args.batch}, "
+        f"dim={args.dim}, heads={args.heads}, float32, TensorFlow "
+        f"{tf.__version__} "
+        f"{'tf.function without XLA' if args.no_xla else 'XLA'}, keras "
+        f"{keras.__version__}, {machine}; load average after "
+        f"{load_average()}; {args.repeats} alternating repeats"
+        + (" (--quick: timings mean nothing)" if args.quick else "")
+        + ".",
+        "",
+        "| train, ratio to keras MHA with dropout | "
+        + " | ".join(f"S={s}" for s in args.lengths)
+        + " |",
+        "|---" * (len(args.lengths) + 1) + "|",
+    ]
+    for label in LABELS:
+        cells = []
+        for s in args.lengths:
+            seconds, ratio = results[s][label]
+            cells.append(
+                f"{seconds * 1e3:.1f} ms"
+                if label == REFERENCE
+                else f"{ratio:.2f}x ({seconds * 1e3:.1f} ms)"
+            )
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    write_report("\n".join(lines) + "\n", args.output)
+
+
+if __name__ == "__main__":
+    main()
