@@ -118,6 +118,8 @@ def compiled(label, x, heads, rate, xla):
 
 def parse_args(argv):
     parser = step_parser(__doc__.splitlines()[0], [128, 512], 11, 0.3)
+    # Dropout is off at inference: only the train step is timed.
+    parser.set_defaults(modes=["train"])
     parser.add_argument(
         "--rate", type=float, default=0.1, help="attention dropout rate"
     )
@@ -128,6 +130,11 @@ def parse_args(argv):
     check_step_args(parser, args)
     if not 0.0 < args.rate < 1.0:
         parser.error(f"--rate must be in (0, 1), got {args.rate}")
+    if set(args.modes) != {"train"}:
+        parser.error(
+            "--modes: only train (attention dropout is off at inference), "
+            f"got {' '.join(args.modes)}"
+        )
     if args.quick:
         args.batch, args.dim, args.heads = 2, 32, 2
         args.lengths, args.repeats, args.min_time = [32], 3, 0.01

@@ -280,3 +280,20 @@ def test_dropout_step_compares_the_two_dropouts_on_one_layer():
     call = script.compiled(script.KERAS_DROPOUT, x, 2, 0.5, False)
     call()
     assert variant_attention.positional_dropout is original
+
+
+def test_dropout_step_times_the_train_step_only():
+    # Dropout is off at inference and the script times train steps only:
+    # `--modes infer` (a shared option of the step scripts) was accepted
+    # and silently ignored, as were the `--modes` shown in its `--help`.
+    script = _load("dropout_step")
+    for argv in (
+        ["--modes", "infer"],
+        ["--modes", "train", "infer"],
+        ["--rate", "0"],
+        ["--rate", "1"],
+        ["--rate", "nan"],
+    ):
+        _rejects(script.parse_args, argv)
+    assert script.parse_args([]).modes == ["train"]
+    assert script.parse_args(["--modes", "train"]).modes == ["train"]
