@@ -73,9 +73,12 @@ class PositionalDropoutTest(TestCase):
         x = np.ones((3, 2, 9, 11), "float32")
         a = keras.random.SeedGenerator(3)
         b = keras.random.SeedGenerator(3)
-        small = ops.convert_to_numpy(positional_dropout(x[:2, :, :4], 0.5, a))
+        # Batch, queries and keys (the last axis is hashed apart) padded.
+        small = ops.convert_to_numpy(
+            positional_dropout(x[:2, :, :4, :6], 0.5, a)
+        )
         large = ops.convert_to_numpy(positional_dropout(x, 0.5, b))
-        self.assertAllEqual(small, large[:2, :, :4])
+        self.assertAllEqual(small, large[:2, :, :4, :6])
 
     @parameterized.parameters(-0.1, 1.0, float("nan"), "0.1", True)
     def test_bad_rate_raises(self, rate):
@@ -138,6 +141,98 @@ class LayerDropoutPaddingTest(TestCase):
             layer(x[:, :5], x[:, :5], training=True)
         )
         self.assertGreater(np.abs(next_draw - base).max(), 1e-3)
+
+    @parameterized.named_parameters(
+        ("dnas", "dnas"),
+        ("hnas", "hnas"),
+        ("gumbel", "gumbel"),
+    )
+    def test_cross_attention_ignores_query_key_and_batch_padding(self, name):
+        # T != S, padded separately, and a third example appended to the
+        # batch: the first two examples' real rows keep their output.
+        rng = np.random.default_rng(4)
+        query = rng.normal(size=(3, 9, 8)).astype("float32")
+        value = rng.normal(size=(3, 11, 8)).astype("float32")
+        q_len, v_len = np.array([4, 2, 4]), np.array([5, 3, 5])
+        layer = LAYERS[name](num_heads=2, key_dim=4, dropout=0.5, seed=5)
+        layer(query[:2, :4], value[:2, :5])
+        generators = [layer._dropout_layer.seed_generator]
+        if name == "gumbel":
+            generators.append(layer.seed_generator)
+        start = [ops.convert_to_numpy(g.state) for g in generators]
+
+        def run(batch, t, s):
+            for generator, state in zip(generators, start):
+                generator.state.assign(state)
+            q_valid = np.arange(t)[None] < q_len[:batch, None]
+            v_valid = np.arange(s)[None] < v_len[:batch, None]
+            out = layer(
+                np.where(q_valid[..., None], query[:batch, :t], 3.0),
+                np.where(v_valid[..., None], value[:batch, :s], -3.0),
+                attention_mask=q_valid[:, :, None] & v_valid[:, None, :],
+                training=True,
+            )
+            return ops.convert_to_numpy(out)
+
+        base = run(2, 4, 5)
+        for batch, t, s in ((2, 9, 5), (2, 4, 11), (3, 9, 11)):
+            out = run(batch, t, s)
+            for b in range(2):
+                self.assertAllClose(
+                    out[b, : q_len[b]], base[b, : q_len[b]], atol=1e-5
+                )
+
+    @parameterized.named_parameters(
+        (f"{name}_{policy}", name, policy)
+        for name in ("dnas", "hnas", "gumbel")
+        for policy in ("mixed_float16", "mixed_bfloat16", "bfloat16")
+    )
+    def test_training_under_reduced_precision_keeps_dtype_and_mask(
+        self, name, policy
+    ):
+        # The same weights and generator states give the float32 output up
+        # to rounding (a different mask would move outputs by ~1), in the
+        # compute dtype.
+        if policy == "mixed_float16" and keras.backend.backend() == "torch":
+            self.skipTest("torch CPU has no float16 matmuls")
+        rng = np.random.default_rng(6)
+        x = rng.normal(size=(2, 6, 8)).astype("float32")
+        reference = LAYERS[name](num_heads=2, key_dim=4, dropout=0.5, seed=7)
+        reduced = LAYERS[name](
+            num_heads=2, key_dim=4, dropout=0.5, seed=7, dtype=policy
+        )
+        reference(x, x)
+        reduced(x, x)
+        reduced.set_weights(reference.get_weights())
+        outputs = [layer(x, x, training=True) for layer in (reference, reduced)]
+        self.assertEqual(
+            keras.backend.standardize_dtype(outputs[1].dtype),
+            reduced.compute_dtype,
+        )
+        want, got = (
+            ops.convert_to_numpy(ops.cast(out, "float32")) for out in outputs
+        )
+        self.assertGreater(np.abs(want).max(), 0.3)
+        self.assertAllClose(got, want, atol=0.08, rtol=0.0)
+
+    @parameterized.named_parameters(
+        ("dnas", "dnas"),
+        ("hnas", "hnas"),
+        ("softmax", "softmax"),
+    )
+    def test_unset_training_does_not_drop(self, name):
+        # `training` left unset (None) is inference, as for Keras's
+        # `Dropout`, also on the path that materializes the weights.
+        rng = np.random.default_rng(8)
+        x = rng.normal(size=(2, 6, 8)).astype("float32")
+        layer = LAYERS[name](num_heads=2, key_dim=4, dropout=0.5, seed=2)
+        layer(x, x)
+        generator = layer._dropout_layer.seed_generator
+        state = ops.convert_to_numpy(generator.state)
+        unset, _ = layer(x, x, return_attention_scores=True)
+        self.assertAllEqual(ops.convert_to_numpy(generator.state), state)
+        off, _ = layer(x, x, return_attention_scores=True, training=False)
+        self.assertAllClose(unset, off, atol=0.0)
 
     def test_inference_does_not_drop(self):
         rng = np.random.default_rng(1)
