@@ -81,9 +81,17 @@ def _run_ranks(tmp_path, grouped):
         )
         for rank in range(2)
     ]
-    for worker in workers:
-        _, err = worker.communicate(timeout=180)
-        assert worker.returncode == 0, err[-2000:]
+    try:
+        for worker in workers:
+            _, err = worker.communicate(timeout=180)
+            assert worker.returncode == 0, err[-2000:]
+    finally:
+        # A rank that failed leaves the other one waiting in the group's
+        # rendezvous (gloo's default timeout is 30 minutes): end it.
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
     return [
         json.loads((out_dir / f"rank{rank}.json").read_text())
         for rank in range(2)
