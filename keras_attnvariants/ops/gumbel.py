@@ -293,15 +293,24 @@ def selection_logits(scores, mask=None):
 def argmax_indices(logits):
     """`(..., T)` int32 indices of the largest logit of each row.
 
-    Ties pick the first maximal key. On TensorFlow this calls `tf.argmax`
-    directly: `keras.ops.argmax` adds a pass that orders `-0.0` below
-    `0.0`, which cost a third of the argmax inference step.
+    Ties pick the first maximal key (`-0.0` and `0.0` tie on TensorFlow).
+    A row holding NaN gives an index in range, never one past the end. On
+    TensorFlow this is the row maximum, then the smallest index that
+    reaches it: two vectorized reductions, where XLA:CPU runs `argmax` (a
+    reduction over value-index pairs) as a scalar loop; 2x faster at
+    (8, 4, S, S) for S from 128 to 1024 on a 2-core AMD EPYC, and
+    `keras.ops.argmax` adds a pass that orders `-0.0` below `0.0`. Under
+    JAX's jit the two passes measured faster at S=128 but slower at 512,
+    so JAX and PyTorch keep `keras.ops.argmax`.
     """
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        return tf.argmax(logits, axis=-1, output_type="int32")
-    return ops.cast(ops.argmax(logits, axis=-1), "int32")
+    if keras.backend.backend() != "tensorflow":
+        return ops.cast(ops.argmax(logits, axis=-1), "int32")
+    size = ops.shape(logits)[-1]
+    top = ops.max(logits, axis=-1, keepdims=True)
+    index = ops.arange(size, dtype="int32")
+    first = ops.min(ops.where(logits >= top, index, size), axis=-1)
+    # `logits >= NaN` is False everywhere: clamp into range.
+    return ops.minimum(first, size - 1)
 
 
 def one_hot_at(indices, size, mask=None):
