@@ -4,7 +4,6 @@ import keras
 from keras import ops
 
 from keras_attnvariants.layers.noise import distributed_uniform
-from keras_attnvariants.layers.noise import noise_key as noise_key
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.ops.combine import relaxed_gumbel_attend
 from keras_attnvariants.ops.combine import softmax_attend

@@ -149,10 +149,10 @@ class VariantAttention(keras.layers.MultiHeadAttention):
       generator but draws its mask with `layers.noise.positional_dropout`:
       the mask of weight `(b, n, t, s)` hashes the generator state with
       that index, so outputs on real tokens do not change with the amount
-      of padding after them, and replicas under `tf.distribute` drop
-      different weights. Keras MHA's `Dropout` draws one mask over the
-      whole shape (a new one when the padding changes) and the same on
-      every replica.
+      of padding after them, and replicas under `tf.distribute` (ranks
+      under `torch.distributed`) drop different weights. Keras MHA's
+      `Dropout` draws one mask over the whole shape (a new one when the
+      padding changes) and the same on every replica.
 
     Args:
         num_heads: int. Number of attention heads.
