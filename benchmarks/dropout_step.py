@@ -1,7 +1,7 @@
 """Train-step time with attention dropout against keras MultiHeadAttention.
 
 This package's layers drop attention weights with
-`layers.noise.positional_dropout` (a hash of the generator state and each
+`ops.noise.positional_dropout` (a hash of the generator state and each
 weight's index: stable under padding, distinct per replica); Keras MHA uses
 `keras.layers.Dropout` (`keras.random`). Every layer here has the same
 `dropout` rate, so the table compares the whole train step of one

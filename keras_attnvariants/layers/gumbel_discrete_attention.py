@@ -3,7 +3,6 @@
 import keras
 from keras import ops
 
-from keras_attnvariants.layers.noise import distributed_uniform
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.ops.combine import relaxed_gumbel_attend
 from keras_attnvariants.ops.combine import softmax_attend
@@ -16,6 +15,7 @@ from keras_attnvariants.ops.gumbel import relaxed_sample
 from keras_attnvariants.ops.gumbel import rows_with_valid_key
 from keras_attnvariants.ops.gumbel import selection_logits
 from keras_attnvariants.ops.gumbel import straight_through
+from keras_attnvariants.ops.noise import distributed_uniform
 from keras_attnvariants.ops.normalization import masked_softmax
 from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_float

@@ -9,11 +9,11 @@ from keras.src.backend.common.masking import get_keras_mask
 from keras.src.backend.common.masking import set_keras_mask
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
-from keras_attnvariants.layers.noise import positional_dropout
 from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.losses.attention_loss import build_context
 from keras_attnvariants.ops.masking import merge_masks
 from keras_attnvariants.ops.masking import self_attention_padding_mask
+from keras_attnvariants.ops.noise import positional_dropout
 from keras_attnvariants.validation import check_bool
 
 ATTENTION_PATHS = ("auto", "explicit", "fused")
@@ -146,7 +146,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
       weights are needed (returned scores, dropout in training, attention
       losses).
     - Attention `dropout` (training only) keeps MHA's rate and seed
-      generator but draws its mask with `layers.noise.positional_dropout`:
+      generator but draws its mask with `ops.noise.positional_dropout`:
       the mask of weight `(b, n, t, s)` hashes the generator state with
       that index, so outputs on real tokens do not change with the amount
       of padding after them, and replicas under `tf.distribute` (ranks

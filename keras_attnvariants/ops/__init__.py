@@ -17,6 +17,9 @@ from keras_attnvariants.ops.gumbel import scatter_values as scatter_values
 from keras_attnvariants.ops.gumbel import straight_through as straight_through
 from keras_attnvariants.ops.masking import causal_mask as causal_mask
 from keras_attnvariants.ops.masking import merge_masks as merge_masks
+from keras_attnvariants.ops.noise import (
+    positional_dropout as positional_dropout,
+)
 from keras_attnvariants.ops.normalization import (
     doubly_normalize as doubly_normalize,
 )

@@ -3,7 +3,7 @@
 Keras MHA drops attention weights with `keras.random.dropout`, which draws
 a new mask everywhere when the shape changes: a training output on real
 tokens then depends on how much padding follows them. This package's
-layers drop with `layers.noise.positional_dropout` (the mask of entry
+layers drop with `ops.noise.positional_dropout` (the mask of entry
 `(b, n, t, s)` is a hash of the generator state and that index), from the
 same dropout generator, so no variable is added.
 """
@@ -23,9 +23,9 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (
     GumbelDiscreteAttention,
 )
 from keras_attnvariants.layers.hybrid_attention import HybridAttention
-from keras_attnvariants.layers.noise import noise_key
-from keras_attnvariants.layers.noise import positional_dropout
 from keras_attnvariants.ops.gumbel import positional_uniform
+from keras_attnvariants.ops.noise import noise_key
+from keras_attnvariants.ops.noise import positional_dropout
 from keras_attnvariants.testing.subprocesses import run_script
 from keras_attnvariants.testing.test_case import TestCase
 

@@ -11,7 +11,7 @@ from keras_attnvariants.layers import variant_attention
 from keras_attnvariants.layers.gumbel_discrete_attention import (
     GumbelDiscreteAttention,
 )
-from keras_attnvariants.layers.noise import positional_dropout
+from keras_attnvariants.ops.noise import positional_dropout
 from keras_attnvariants.testing import numpy_reference as ref
 from keras_attnvariants.testing.subprocesses import run_script
 from keras_attnvariants.testing.test_case import TestCase

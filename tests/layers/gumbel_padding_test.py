@@ -14,8 +14,8 @@ from keras import ops
 from keras_attnvariants.layers.gumbel_discrete_attention import (
     GumbelDiscreteAttention,
 )
-from keras_attnvariants.layers.noise import noise_key
 from keras_attnvariants.layers.two_stream_encoder import TwoStreamEncoder
+from keras_attnvariants.ops.noise import noise_key
 from keras_attnvariants.testing import numpy_reference as ref
 from keras_attnvariants.testing.test_case import TestCase
 

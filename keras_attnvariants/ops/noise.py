@@ -1,5 +1,9 @@
 """Seeded noise for layers, stable under padding and distinct per replica.
 
+Unlike the rest of `ops`, these functions draw from a
+`keras.random.SeedGenerator` passed in (and advance it), as
+`keras.random` functions do with a seed generator.
+
 A layer keeps a `keras.random.SeedGenerator`; each draw hashes the
 generator's state (and, under `tf.distribute`, the replica id) into one
 32-bit key, and every entry of the noise is a hash of that key and of the
