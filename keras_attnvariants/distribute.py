@@ -66,6 +66,11 @@ def split_cpu(num_devices):
     return tf.config.list_logical_devices("CPU")
 
 
+# `pick_strategy`'s TPU strategies by `tpu` argument: each TPU system is
+# initialized once per process.
+_TPU_STRATEGIES = {}
+
+
 def pick_strategy(tpu=None, cpu_replicas=None):
     """The best `tf.distribute.Strategy` for this machine.
 
@@ -76,7 +81,10 @@ def pick_strategy(tpu=None, cpu_replicas=None):
             (`TPU_NAME`, ...), then a TPU attached to this host (a TPU VM,
             where no name is set), and falls back to the devices below
             when there is none. A TPU that is named but not found, or
-            found but not initialized, raises `ValueError`.
+            found but not initialized, raises `ValueError`. A TPU is
+            initialized once per process (initializing again would wipe
+            the variables of the models built on it): later calls with
+            the same `tpu` return the same `TPUStrategy`.
         cpu_replicas: optional int. Without accelerators, use a
             `MirroredStrategy` over this many logical CPU devices (they must
             have been created with `split_cpu`), an int >= 1; `None` means
@@ -121,10 +129,23 @@ def pick_strategy(tpu=None, cpu_replicas=None):
             # A TPU VM sets no TPU name (the lookup above fails with
             # "Please provide a TPU Name"); its TPU is attached to this
             # host and reached as "local".
-            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-                tpu="local"
-            )
+            try:
+                resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+                    tpu="local"
+                )
+            except (ValueError, RuntimeError, tf.errors.OpError) as local:
+                raise ValueError(
+                    "A TPU is attached to this host but could not be "
+                    f"resolved as 'local': {local}. Received: tpu={tpu!r}"
+                ) from local
     if resolver is not None:
+        # Initializing a TPU system wipes its memory, and with it the
+        # variables of every model built on it before: the examples enter
+        # `model_scope()` once per model, so a TPU is set up once per
+        # process and its strategy reused.
+        cached = _TPU_STRATEGIES.get(tpu)
+        if cached is not None:
+            return cached
         # A TPU was found (named, or configured by the environment): one
         # that then fails to connect or initialize raises too, instead of
         # training on the CPU of a half-connected runtime.
@@ -136,7 +157,9 @@ def pick_strategy(tpu=None, cpu_replicas=None):
                 f"A TPU was found but could not be initialized: {error}. "
                 f"Received: tpu={tpu!r}"
             ) from error
-        return tf.distribute.TPUStrategy(resolver)
+        strategy = tf.distribute.TPUStrategy(resolver)
+        _TPU_STRATEGIES[tpu] = strategy
+        return strategy
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
         return tf.distribute.MirroredStrategy([d.name for d in gpus])

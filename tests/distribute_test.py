@@ -11,6 +11,15 @@ import pytest
 
 from keras_attnvariants.testing import layer_zoo
 
+
+@pytest.fixture(autouse=True)
+def _no_cached_tpu(monkeypatch):
+    """Each test starts without a TPU strategy cached by an earlier one."""
+    from keras_attnvariants import distribute
+
+    monkeypatch.setattr(distribute, "_TPU_STRATEGIES", {})
+
+
 on_tf = pytest.mark.skipif(
     keras.config.backend() != "tensorflow",
     reason="tf.distribute needs the TensorFlow backend",
@@ -337,3 +346,63 @@ def test_mirrored_gumbel_noise_per_replica_and_metrics_per_term():
         np.testing.assert_allclose(
             mirrored[key], single[key], rtol=1e-4, err_msg=key
         )
+
+
+@on_tf
+def test_pick_strategy_initializes_a_tpu_once(monkeypatch):
+    import tensorflow as tf
+
+    from keras_attnvariants import distribute
+
+    # `model_scope()` calls `pick_strategy()` on every entry (the examples
+    # enter it once per model): initializing the TPU system again wiped
+    # the variables of the models built before.
+    initialized = []
+    monkeypatch.setattr(distribute, "_TPU_STRATEGIES", {})
+    monkeypatch.setattr(
+        tf.distribute.cluster_resolver,
+        "TPUClusterResolver",
+        lambda tpu=None: ("resolver", tpu),
+    )
+    monkeypatch.setattr(
+        tf.config, "experimental_connect_to_cluster", lambda resolver: None
+    )
+    monkeypatch.setattr(
+        tf.tpu.experimental, "initialize_tpu_system", initialized.append
+    )
+    monkeypatch.setattr(
+        tf.distribute, "TPUStrategy", lambda resolver: ["strategy", resolver]
+    )
+    first = distribute.pick_strategy(tpu="my-tpu")
+    again = distribute.pick_strategy(tpu="my-tpu")
+    assert first is again
+    assert initialized == [("resolver", "my-tpu")]
+    other = distribute.pick_strategy(tpu="other-tpu")
+    assert other is not first
+    assert len(initialized) == 2
+
+
+@on_tf
+def test_pick_strategy_local_tpu_that_cannot_be_resolved_raises(monkeypatch):
+    import tensorflow as tf
+
+    from keras_attnvariants import distribute
+
+    # A TPU device on this host whose "local" resolver fails: TensorFlow's
+    # own error came through instead of the documented ValueError.
+    def resolver(tpu=None):
+        if tpu is None:
+            raise ValueError("Please provide a TPU Name to connect to.")
+        raise RuntimeError("libtpu not found")
+
+    def physical_devices(kind=None):
+        if kind != "TPU":
+            return []
+        return [tf.config.PhysicalDevice("/physical_device:TPU:0", "TPU")]
+
+    monkeypatch.setattr(
+        tf.distribute.cluster_resolver, "TPUClusterResolver", resolver
+    )
+    monkeypatch.setattr(tf.config, "list_physical_devices", physical_devices)
+    with pytest.raises(ValueError, match="could not be resolved as 'local'"):
+        distribute.pick_strategy()

@@ -9,6 +9,14 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def _no_cached_tpu(monkeypatch):
+    """Each test starts without a TPU strategy cached by an earlier one."""
+    from keras_attnvariants import distribute
+
+    monkeypatch.setattr(distribute, "_TPU_STRATEGIES", {})
+
+
 @pytest.mark.parametrize("value", [123, 1.5, True, b"my-tpu"])
 def test_pick_strategy_rejects_a_tpu_that_is_not_a_name(value):
     from keras_attnvariants import distribute
