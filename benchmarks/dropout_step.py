@@ -12,8 +12,9 @@ ratios to keras MHA with dropout). Rows:
 - keras MHA, dropout: the reference.
 - keras MHA, no dropout: what the reference's dropout costs.
 - softmax (`HybridAttention(hybrid_init=0.0)`, exactly MHA's attention)
-  with this package's dropout, and the same layer with Keras's `Dropout`
-  swapped in: the two dropouts side by side on one layer.
+  with this package's dropout: folded into the value product (the
+  default), on written-out weights, and with Keras's `Dropout` swapped in
+  on written-out weights: the two dropouts side by side on one layer.
 - DNAS, HNAS and Gumbel (relaxed) with this package's dropout.
 
 TensorFlow backend with XLA (`tf.function(jit_compile=True)`) unless
@@ -60,7 +61,10 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (  # noqa: E402
 from keras_attnvariants.layers.hybrid_attention import HybridAttention  # noqa: E402
 
 REFERENCE = "keras MHA, dropout"
+FOLDED = "softmax, this package's dropout"
 KERAS_DROPOUT = "softmax, Keras Dropout"
+# The package's dropout on materialized weights (folding turned off).
+MATERIALIZED = "softmax, this package's dropout, weights written out"
 
 
 def make_layer(label, heads, key_dim, rate):
@@ -70,7 +74,7 @@ def make_layer(label, heads, key_dim, rate):
         return keras.layers.MultiHeadAttention(dropout=rate, **common)
     if label == "keras MHA, no dropout":
         return keras.layers.MultiHeadAttention(**common)
-    if label in ("softmax, this package's dropout", KERAS_DROPOUT):
+    if label in (FOLDED, MATERIALIZED, KERAS_DROPOUT):
         return HybridAttention(hybrid_init=0.0, dropout=rate, **common)
     if label == "DNAS":
         return DoublyNormalizedAttention(dropout=rate, **common)
@@ -82,7 +86,8 @@ def make_layer(label, heads, key_dim, rate):
 LABELS = (
     REFERENCE,
     "keras MHA, no dropout",
-    "softmax, this package's dropout",
+    FOLDED,
+    MATERIALIZED,
     KERAS_DROPOUT,
     "DNAS",
     "HNAS",
@@ -103,6 +108,10 @@ def keras_dropout(layer):
 def compiled(label, x, heads, rate, xla):
     layer = make_layer(label, heads, x.shape[-1] // heads, rate)
     layer(x, x)  # build
+    if label in (MATERIALIZED, KERAS_DROPOUT):
+        # Dropout on written-out weights (`VariantAttention._attend`), as
+        # before the folded paths took it.
+        layer._folds_dropout = lambda: False
     step = compiled_train_step(layer, xla)
     if label == KERAS_DROPOUT:
         original = variant_attention.positional_dropout

@@ -163,7 +163,11 @@ class DoublyNormalizedAttention(VariantAttention):
     def normalize_and_attend(self, scores, value, mask, training):
         if self.iterations != 1 or self._normalize_overridden():
             return None
-        return doubly_normalized_attend(scores, value, mask)
+        keep = self._dropout_keep(scores, training)
+        return doubly_normalized_attend(scores, value, mask, keep)
+
+    def _folds_dropout(self):
+        return True
 
     def fused_attention(self, query, key, value, mask):
         if self.iterations != 1 or not fused_kernel_takes(key, value):

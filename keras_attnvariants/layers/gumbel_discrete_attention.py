@@ -252,12 +252,20 @@ class GumbelDiscreteAttention(VariantAttention):
             noise, temperature = training_noise(
                 scores, self.temperature, self.seed_generator
             )
-            attend = (
-                straight_through_gumbel_attend
-                if self.straight_through
-                else relaxed_gumbel_attend
-            )
-            return attend(scores, value, noise, temperature, mask), None
+            if self.straight_through:
+                output = straight_through_gumbel_attend(
+                    scores, value, noise, temperature, mask
+                )
+            else:
+                output = relaxed_gumbel_attend(
+                    scores,
+                    value,
+                    noise,
+                    temperature,
+                    mask,
+                    self._dropout_keep(scores, training),
+                )
+            return output, None
         if training:
             weights = gumbel_training_weights(
                 scores,
@@ -271,6 +279,11 @@ class GumbelDiscreteAttention(VariantAttention):
         if with_losses:
             self._apply_attention_losses(weights, query, key, mask)
         return self._attend(weights, value, training)
+
+    def _folds_dropout(self):
+        # The relaxed sample folds dropout into the value product; the
+        # straight-through one gathers rows and drops on its weights.
+        return not self.straight_through
 
     def _one_hot_attention(self, scores, value, mask, return_scores):
         """Inference `"argmax"` / `"sample"`: a gather of one value row."""

@@ -138,7 +138,11 @@ class HybridAttention(VariantAttention):
     def normalize_and_attend(self, scores, value, mask, training):
         if self.iterations != 1 or self._normalize_overridden():
             return None
-        return hybrid_attend(scores, value, self._mix(), mask)
+        keep = self._dropout_keep(scores, training)
+        return hybrid_attend(scores, value, self._mix(), mask, keep)
+
+    def _folds_dropout(self):
+        return True
 
     def fused_attention(self, query, key, value, mask):
         if self.iterations != 1 or not fused_kernel_takes(key, value):

@@ -13,6 +13,7 @@ from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.losses.attention_loss import build_context
 from keras_attnvariants.ops.masking import merge_masks
 from keras_attnvariants.ops.masking import self_attention_padding_mask
+from keras_attnvariants.ops.noise import dropout_multipliers
 from keras_attnvariants.ops.noise import positional_dropout
 from keras_attnvariants.validation import check_bool
 
@@ -143,8 +144,9 @@ class VariantAttention(keras.layers.MultiHeadAttention):
       whichever measured faster (CPU and H100 GPU): explicit under
       TensorFlow and JAX, fused under PyTorch (`prefer_fused_path`). The
       explicit path with materialized weights is always used when the
-      weights are needed (returned scores, dropout in training, attention
-      losses).
+      weights are needed (returned scores, attention losses that read
+      them, or dropout in a subclass that does not fold it: see
+      `_folds_dropout`).
     - Attention `dropout` (training only) keeps MHA's rate and seed
       generator but draws its mask with `ops.noise.positional_dropout`:
       the mask of weight `(b, n, t, s)` hashes the generator state with
@@ -365,7 +367,9 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         """`normalize(scores, mask) @ value` `(B, T, N, H)`, or `None`.
 
         The explicit path calls this when the weights themselves are not
-        needed (no returned scores, attention losses or dropout). Subclasses
+        needed (no returned scores or attention losses reading them; with
+        dropout only where `_folds_dropout()`, taking the multipliers from
+        `_dropout_keep(scores, training)`). Subclasses
         return the output of a `keras_attnvariants.ops.combine` function,
         which never writes the normalized weights out and has a cheaper
         backward; `None` falls back to `normalize` and a weighted sum.
@@ -475,7 +479,31 @@ class VariantAttention(keras.layers.MultiHeadAttention):
                     for term in self.attention_losses
                 )
             )
-            or (self._dropout > 0.0 and bool(training))
+            or (self._dropping(training) and not self._folds_dropout())
+        )
+
+    def _dropping(self, training):
+        """Whether attention dropout applies to this call."""
+        return self._dropout > 0.0 and bool(training)
+
+    def _folds_dropout(self):
+        """Whether `normalize_and_attend` takes dropout itself (through
+        `_dropout_keep`), so that dropout needs no materialized weights.
+        Where it then returns `None`, the materialized path drops."""
+        return False
+
+    def _dropout_keep(self, scores, training):
+        """float32 dropout multipliers shaped like `scores`, or `None`.
+
+        The mask `_attend` would draw for weights of this shape (same
+        generator, same positional hash).
+        """
+        if not self._dropping(training):
+            return None
+        return dropout_multipliers(
+            ops.shape(scores),
+            self._dropout,
+            self._dropout_layer.seed_generator,
         )
 
     def _apply_attention_losses(self, weights, query, key, mask):
@@ -524,7 +552,8 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             return_attention_scores, with_losses, training
         )
         output = None
-        if self._use_fused(need_weights):
+        # The fused kernels take no dropout.
+        if self._use_fused(need_weights or self._dropping(training)):
             output = self.fused_attention(query, key, value, mask)
         if output is None:
             # scores, weights: (B, N, T, S) float32

@@ -89,14 +89,16 @@ class _Rows:
     scales the product's rows.
     """
 
-    def __init__(self, e, inv, dtype):
+    def __init__(self, e, inv, dtype, keep=None):
         self.e = e
         self.inv = inv
+        # Dropout multiplies the operand only: column sums take `A` itself.
+        dropped = e if keep is None else e * keep
         if keras.backend.standardize_dtype(dtype) == "float16":
-            self.operand = ops.cast(e * inv, dtype)
+            self.operand = ops.cast(dropped * inv, dtype)
             self.scale = None
         else:
-            self.operand = ops.cast(e, dtype)
+            self.operand = ops.cast(dropped, dtype)
             self.scale = ops.cast(_output_layout(inv), dtype)
 
     def _scaled(self, t):
@@ -143,10 +145,26 @@ def _scores_upstream(d_out, value):
     return ops.cast(ops.einsum(SCORES_EQUATION, d_out, value), "float32")
 
 
-def _row_softmax_attend(scores, value, mask, column_step):
-    """`softmax_j(y) @ value`, `y = s` or, with `column_step`, DNAS's
-    `y = s - logsumexp_i s` (the column step's gradient is added)."""
+def _dropped(g, keep):
+    """The weights' upstream `g` through the dropout multipliers."""
+    return g if keep is None else g * keep
+
+
+def _multipliers(keep):
+    """`keep` as a float32 tensor (a NumPy array too), or `None`."""
+    return None if keep is None else ops.convert_to_tensor(keep, "float32")
+
+
+def _row_softmax_attend(scores, value, mask, column_step, keep=None):
+    """`(softmax_j(y) * keep) @ value`, `y = s` or, with `column_step`,
+    DNAS's `y = s - logsumexp_i s` (the column step's gradient is added).
+
+    With dropout multipliers `keep` (`K`), `O = (A K) V`: the weights'
+    upstream is `g K`, and the flash identities still hold with `O` and
+    `dV = (A K)^T dO`: `sum_j g K A = dO . O`, `sum_i g K A = V . dV`.
+    """
     x, mask = _prepare(scores, mask)
+    keep = _multipliers(keep)
 
     @ops.custom_gradient
     def attend(x, value):
@@ -154,13 +172,13 @@ def _row_softmax_attend(scores, value, mask, column_step):
         if column_step:
             y = x - _column_log_normalizer(x, mask is not None)
         e, inv, top = _masked_row_exp(y, mask)
-        rows = _Rows(e, inv, value.dtype)
+        rows = _Rows(e, inv, value.dtype, keep)
         out = rows.product(value)
 
         def grad(*args, upstream=None):
             d_out = _upstream(args, upstream)
             d_value = rows.transposed_product(d_out)
-            g = _scores_upstream(d_out, value)
+            g = _dropped(_scores_upstream(d_out, value), keep)
             r = _row_dot(d_out, out)
             if not column_step:
                 return e * inv * (g - r), d_value
@@ -172,21 +190,25 @@ def _row_softmax_attend(scores, value, mask, column_step):
     return attend(x, value)
 
 
-def softmax_attend(scores, value, mask=None):
+def softmax_attend(scores, value, mask=None, keep=None):
     """`masked_softmax(scores, mask) @ value` with the folded backward.
 
     Args:
         scores: float32 `(B, N, T, S)`; masked entries may hold anything.
         value: `(B, S, N, H)`.
         mask: optional boolean, broadcastable to `scores`.
+        keep: optional float32 dropout multipliers broadcastable to
+            `scores` (0 for a dropped weight, `1 / (1 - rate)` for a kept
+            one, see `ops.noise.dropout_multipliers`): the output is then
+            `(weights * keep) @ value`, still without writing the weights.
 
     Returns:
         `(B, T, N, H)` in `value`'s dtype.
     """
-    return _row_softmax_attend(scores, value, mask, column_step=False)
+    return _row_softmax_attend(scores, value, mask, False, keep)
 
 
-def doubly_normalized_attend(scores, value, mask=None):
+def doubly_normalized_attend(scores, value, mask=None, keep=None):
     """`doubly_normalize(scores, mask) @ value` (one iteration), folded.
 
     With `z = s - c`, `c_j = logsumexp_i s_ij`, `A = softmax_j(z)` and
@@ -199,11 +221,12 @@ def doubly_normalized_attend(scores, value, mask=None):
         value: `(B, S, N, H)`.
         mask: optional boolean, broadcastable to `scores`; padded queries
             must be masked (their rows `False`).
+        keep: optional dropout multipliers, as in `softmax_attend`.
 
     Returns:
         `(B, T, N, H)` in `value`'s dtype.
     """
-    return _row_softmax_attend(scores, value, mask, column_step=True)
+    return _row_softmax_attend(scores, value, mask, True, keep)
 
 
 def _per_head_mix(mix, num_heads):
@@ -219,7 +242,7 @@ def _per_head_mix(mix, num_heads):
     return ops.broadcast_to(ops.reshape(mix, (-1, 1, 1)), (num_heads, 1, 1))
 
 
-def hybrid_attend(scores, value, mix, mask=None):
+def hybrid_attend(scores, value, mix, mask=None, keep=None):
     """`hybrid_normalize(scores, mix, mask) @ value` (one iteration), folded.
 
     `W = (1 - u) U + u D` multiplies the values once. The backward needs
@@ -236,6 +259,8 @@ def hybrid_attend(scores, value, mix, mask=None):
         mix: the DNAS share `u` in `[0, 1]`: a scalar or one value per head
             shaped `(N, 1, 1)` (differentiable).
         mask: optional boolean, broadcastable to `scores`.
+        keep: optional dropout multipliers, as in `softmax_attend` (they
+            multiply `W`; the sums above then hold with `g K` for `g`).
 
     Returns:
         `(B, T, N, H)` in `value`'s dtype.
@@ -243,6 +268,7 @@ def hybrid_attend(scores, value, mix, mask=None):
     num_heads = scores.shape[1]
     mix = _per_head_mix(mix, num_heads)
     x, mask = _prepare(scores, mask)
+    keep = _multipliers(keep)
 
     @ops.custom_gradient
     def attend(x, value, mix):
@@ -250,14 +276,15 @@ def hybrid_attend(scores, value, mix, mask=None):
         z = x - _column_log_normalizer(x, mask is not None)
         e_d, inv_d, top = _masked_row_exp(z, mask)
         weights = ops.cast(
-            (1.0 - mix) * inv_u * e_u + mix * inv_d * e_d, value.dtype
+            _dropped((1.0 - mix) * inv_u * e_u + mix * inv_d * e_d, keep),
+            value.dtype,
         )
         out = ops.einsum(COMBINE_EQUATION, weights, value)
 
         def grad(*args, upstream=None):
             d_out = _upstream(args, upstream)
             d_value = ops.einsum(VALUE_GRAD_EQUATION, d_out, weights)
-            g = _scores_upstream(d_out, value)
+            g = _dropped(_scores_upstream(d_out, value), keep)
             # Row and column sums of g * W: (B, N, T, 1), (B, N, 1, S).
             r_w = _row_dot(d_out, out)
             c_w = _column_dot(value, d_value)
@@ -288,7 +315,9 @@ def hybrid_attend(scores, value, mix, mask=None):
     return attend(x, value, mix)
 
 
-def relaxed_gumbel_attend(scores, value, noise, temperature=1.0, mask=None):
+def relaxed_gumbel_attend(
+    scores, value, noise, temperature=1.0, mask=None, keep=None
+):
     """`relaxed_sample(scores, noise, temperature, mask) @ value`, folded.
 
     The relaxed Gumbel-softmax sample is a softmax of
@@ -301,12 +330,13 @@ def relaxed_gumbel_attend(scores, value, noise, temperature=1.0, mask=None):
         noise: float32 Gumbel noise broadcastable to `scores`.
         temperature: float > 0 or a scalar tensor.
         mask: optional boolean, broadcastable to `scores`.
+        keep: optional dropout multipliers, as in `softmax_attend`.
 
     Returns:
         `(B, T, N, H)` in `value`'s dtype.
     """
     logits = relaxed_logits(scores, noise, temperature, mask)
-    return softmax_attend(logits, value, mask)
+    return softmax_attend(logits, value, mask, keep)
 
 
 def straight_through_gumbel_attend(

@@ -90,6 +90,18 @@ def distributed_uniform(shape, seed_generator):
     return positional_uniform(noise_key(seed_generator), shape)
 
 
+def _check_rate(rate):
+    rate = check_float("rate", rate, 0.0, True)
+    if rate >= 1.0:
+        raise ValueError(f"`rate` must be in [0, 1). Received: rate={rate}")
+    return rate
+
+
+def _kept(shape, rate, seed_generator):
+    """Boolean keep mask: `distributed_uniform(shape) >= rate`."""
+    return ops.greater_equal(distributed_uniform(shape, seed_generator), rate)
+
+
 def positional_dropout(inputs, rate, seed_generator):
     """Inverted dropout whose mask is stable under padding.
 
@@ -108,14 +120,34 @@ def positional_dropout(inputs, rate, seed_generator):
     Returns:
         A tensor of `inputs`' shape and dtype.
     """
-    rate = check_float("rate", rate, 0.0, True)
-    if rate >= 1.0:
-        raise ValueError(f"`rate` must be in [0, 1). Received: rate={rate}")
+    rate = _check_rate(rate)
     inputs = ops.convert_to_tensor(inputs)
     if rate == 0.0:
         return inputs
-    keep = ops.greater_equal(
-        distributed_uniform(ops.shape(inputs), seed_generator), rate
-    )
+    keep = _kept(ops.shape(inputs), rate, seed_generator)
     scale = ops.cast(1.0 / (1.0 - rate), inputs.dtype)
     return ops.where(keep, ops.multiply(inputs, scale), ops.zeros_like(inputs))
+
+
+def dropout_multipliers(shape, rate, seed_generator):
+    """float32 `positional_dropout` multipliers: `0` or `1 / (1 - rate)`.
+
+    `x * dropout_multipliers(x.shape, rate, g)` equals
+    `positional_dropout(x, rate, g')` for a generator `g'` in the same
+    state (same mask). The folded attention paths
+    (`ops.combine.softmax_attend(..., keep=...)`) take these, so dropout
+    needs no materialized weights there.
+
+    Args:
+        shape: the shape of the tensor to drop, e.g. `(B, N, T, S)`.
+        rate: float in `[0, 1)`.
+        seed_generator: the `keras.random.SeedGenerator` it advances.
+
+    Returns:
+        A float32 tensor of `shape`.
+    """
+    rate = _check_rate(rate)
+    if rate == 0.0:
+        return ops.ones(shape, "float32")
+    keep = _kept(shape, rate, seed_generator)
+    return ops.where(keep, 1.0 / (1.0 - rate), 0.0)

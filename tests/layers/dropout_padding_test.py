@@ -26,6 +26,7 @@ from keras_attnvariants.layers.hybrid_attention import HybridAttention
 from keras_attnvariants.ops.gumbel import positional_uniform
 from keras_attnvariants.ops.noise import noise_key
 from keras_attnvariants.ops.noise import positional_dropout
+from keras_attnvariants.testing.gradients import gradients
 from keras_attnvariants.testing.subprocesses import run_script
 from keras_attnvariants.testing.test_case import TestCase
 
@@ -95,6 +96,73 @@ class PositionalDropoutTest(TestCase):
         self.assertAllEqual(
             ops.convert_to_numpy(positional_dropout(x, 0.0, generator)), x
         )
+
+
+class FoldedDropoutTest(TestCase):
+    """DNAS, HNAS and the relaxed Gumbel sample fold dropout into the value
+    product (`ops.combine`, `keep=`): the same mask as the materialized
+    weights, so the same outputs and gradients."""
+
+    @parameterized.named_parameters(
+        ("dnas", "dnas"), ("hnas", "hnas"), ("gumbel", "gumbel")
+    )
+    def test_folded_equals_materialized(self, name):
+        rng = np.random.default_rng(4)
+        x = rng.normal(size=(2, 6, 8)).astype("float32")
+        valid = np.array([[1] * 6, [1] * 4 + [0] * 2], bool)
+        mask = valid[:, :, None] & valid[:, None, :]
+        upstream = rng.normal(size=(2, 6, 8)).astype("float32")
+        layer = LAYERS[name](
+            num_heads=2,
+            key_dim=4,
+            dropout=0.4,
+            seed=2,
+            attention_path="explicit",
+        )
+        layer(x, x)
+        generators = [layer._dropout_layer.seed_generator]
+        if name == "gumbel":
+            generators.append(layer.seed_generator)
+        start = [ops.convert_to_numpy(g.state) for g in generators]
+
+        def run(scores):
+            def call(inputs):
+                for generator, state in zip(generators, start):
+                    generator.state.assign(state)
+                out = layer(
+                    inputs,
+                    inputs,
+                    attention_mask=mask,
+                    return_attention_scores=scores,
+                    training=True,
+                )
+                return out[0] if scores else out
+
+            return call
+
+        folded, materialized = run(False), run(True)
+        out = ops.convert_to_numpy(folded(ops.convert_to_tensor(x)))
+        want = ops.convert_to_numpy(materialized(ops.convert_to_tensor(x)))
+        self.assertAllClose(out, want, atol=1e-5)
+        # Dropout acted: some weights were zeroed (the output differs from
+        # inference).
+        self.assertGreater(
+            np.abs(out - ops.convert_to_numpy(layer(x, x))).max(), 1e-3
+        )
+        (got,) = gradients(folded, upstream, x)
+        (ref,) = gradients(materialized, upstream, x)
+        self.assertAllClose(got, ref, atol=1e-4)
+
+    def test_folded_path_draws_no_weights_buffer_for_dropout(self):
+        layer = DoublyNormalizedAttention(num_heads=2, key_dim=4, dropout=0.5)
+        x = np.zeros((1, 3, 8), "float32")
+        layer(x, x)
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("materialized the weights")
+
+        layer._attend = refuse
+        layer(x, x, training=True)
 
 
 class LayerDropoutPaddingTest(TestCase):
