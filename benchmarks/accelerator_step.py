@@ -54,6 +54,7 @@ from harness import median_time  # noqa: E402
 from harness import step_parser  # noqa: E402
 from harness import steps_for  # noqa: E402
 from harness import time_alternating  # noqa: E402
+from harness import use_quick_sizes  # noqa: E402
 from harness import warm_up  # noqa: E402
 from harness import write_report  # noqa: E402
 
@@ -307,8 +308,7 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     check_step_args(parser, args)
     if args.quick:
-        args.batch, args.dim, args.heads = 2, 32, 2
-        args.lengths, args.repeats, args.min_time = [32], 3, 0.01
+        use_quick_sizes(args)
         args.policies = args.policies[:1]
     return args
 

@@ -134,6 +134,13 @@ def step_parser(description, lengths, repeats, min_time):
     return parser
 
 
+def use_quick_sizes(args, repeats=3, min_time=0.01):
+    """`--quick`: the tiny sizes of a CI smoke run (its timings mean
+    nothing): batch 2, dim 32, 2 heads, S=32."""
+    args.batch, args.dim, args.heads = 2, 32, 2
+    args.lengths, args.repeats, args.min_time = [32], repeats, min_time
+
+
 def check_step_args(parser, args):
     """`parser.error` for sizes below 1, a negative `--min-time` or `--dim`
     not divisible."""
