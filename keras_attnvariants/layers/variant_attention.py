@@ -522,7 +522,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         """Output `(B, T, N, H)` and the weights in the compute dtype."""
         weights = ops.cast(weights, self.compute_dtype)
         final_weights = weights
-        if self._dropout > 0.0 and training:
+        if self._dropping(training):
             # MHA's own dropout layer draws from `keras.random`: a new mask
             # everywhere when the padding changes. Same rate and generator
             # (no new variables), with a mask hashed from each entry's index.
