@@ -25,8 +25,12 @@ kernels where the backend has them). The variants:
 
 Under JAX the table also gives each compiled step's temporary memory
 (`memory_analysis().temp_size_in_bytes`), under PyTorch the peak memory of
-one step (`torch.cuda.max_memory_allocated`). The last section says which
-path is faster per length, the measurement behind `attention_path="auto"`.
+one step (`torch.cuda.max_memory_allocated`). Under JAX a second table
+gives each step's FLOPs (XLA's `cost_analysis()`) over keras MHA's: the
+ratio a variant's time would have if it ran at keras MHA's FLOP rate (the
+floor of the time ratio where the step is compute-bound). The last section
+says which path is faster per length, the measurement behind
+`attention_path="auto"`.
 
 Usage:
 
@@ -47,6 +51,7 @@ import numpy as np  # noqa: E402
 
 # `benchmarks/` is sys.path[0] when this script runs.
 from harness import check_step_args  # noqa: E402
+from harness import compiled_flops  # noqa: E402
 from harness import device_name  # noqa: E402
 from harness import machine_summary  # noqa: E402
 from harness import median_ratio  # noqa: E402
@@ -105,7 +110,8 @@ class Fetched:
 
 
 def jax_step(layer, x, mode, learning_rate=1e-4):
-    """`(call, temp_bytes)`: a jitted train step or forward pass."""
+    """`(call, temp_bytes, flops)`: a jitted train step or forward pass,
+    its compiled temporaries and XLA's FLOP count of one call."""
     import jax
     import jax.numpy as jnp
 
@@ -124,7 +130,11 @@ def jax_step(layer, x, mode, learning_rate=1e-4):
             return jnp.sum(y.astype("float32"))
 
         compiled = forward.lower(*state, x).compile()
-        return (lambda: compiled(*state, x)), temp_bytes(compiled)
+        return (
+            (lambda: compiled(*state, x)),
+            temp_bytes(compiled),
+            compiled_flops(compiled),
+        )
 
     def loss_fn(trainable, non_trainable, x):
         y, non_trainable, losses = layer.stateless_call(
@@ -151,7 +161,7 @@ def jax_step(layer, x, mode, learning_rate=1e-4):
         state[0], state[1], loss = compiled(state[0], state[1], x)
         return loss
 
-    return call, temp_bytes(compiled)
+    return call, temp_bytes(compiled), compiled_flops(compiled)
 
 
 def temp_bytes(compiled):
@@ -163,7 +173,8 @@ def temp_bytes(compiled):
 
 
 def torch_step(layer, x, mode, learning_rate=1e-4):
-    """`(call, peak_bytes)`: an eager train step or forward pass."""
+    """`(call, peak_bytes, None)`: an eager train step or forward pass (no
+    FLOP count: eager PyTorch has no compiled program to count)."""
     import torch
 
     if mode == "infer":
@@ -186,13 +197,13 @@ def torch_step(layer, x, mode, learning_rate=1e-4):
             return Fetched(loss)
 
     if not torch.cuda.is_available():
-        return call, None
+        return call, None, None
     np.asarray(call())
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     np.asarray(call())
-    return call, torch.cuda.max_memory_allocated() - before
+    return call, torch.cuda.max_memory_allocated() - before, None
 
 
 def make_step(layer, x, mode):
@@ -208,8 +219,8 @@ def make_step(layer, x, mode):
 
 
 def measure(mode, policy, batch, length, dim, heads, repeats, min_time):
-    """`({label: (seconds, ratio, memory_bytes)}, {layer: explicit / fused})`
-    for one configuration.
+    """`({label: (seconds, ratio, memory_bytes, flops)}, {layer: explicit /
+    fused})` for one configuration (`flops`: XLA's count, JAX only).
 
     The second dict is the median over repeats of the explicit path's time
     over the fused path's time of the same repeat, per layer (DNAS, HNAS).
@@ -221,11 +232,13 @@ def measure(mode, policy, batch, length, dim, heads, repeats, min_time):
             np.random.default_rng(0).normal(size=(batch, length, dim)),
             "float32",
         )
-        calls, memory = {}, {}
+        calls, memory, flops = {}, {}, {}
         for label, cls, kwargs in variants(mode):
             layer = cls(heads, dim // heads, seed=0, **kwargs)
             layer(x, x)  # build
-            calls[label], memory[label] = make_step(layer, x, mode)
+            calls[label], memory[label], flops[label] = make_step(
+                layer, x, mode
+            )
             warm_up(calls[label])
     finally:
         keras.config.set_dtype_policy(previous)
@@ -236,6 +249,7 @@ def measure(mode, policy, batch, length, dim, heads, repeats, min_time):
             median_time(times, label),
             median_ratio(times, label, REFERENCE),
             memory[label],
+            flops[label],
         )
         for label in calls
     }
@@ -261,10 +275,38 @@ def markdown_table(mode, policy, results):
     for label in labels:
         cells = []
         for s in lengths:
-            seconds, ratio, memory = results[s][label]
+            seconds, ratio, memory, _ = results[s][label]
             timing = f"{seconds * 1e3:.2f} ms, {mib(memory)} MiB"
             cells.append(
                 timing if label == REFERENCE else f"{ratio:.2f}x ({timing})"
+            )
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def flops_table(mode, policy, results):
+    """Rows = variants, columns = lengths: XLA's FLOPs of one step over
+    keras MHA's, the compute floor of the time ratio; `None` when the
+    backend has no compiled program to count (PyTorch)."""
+    lengths = sorted(results)
+    if any(row[3] is None for s in lengths for row in results[s].values()):
+        return None
+    labels = list(results[lengths[0]])
+    lines = [
+        f"| {mode}, {policy}: FLOPs / keras MHA's | "
+        + " | ".join(f"S={s}" for s in lengths)
+        + " |",
+        "|---" * (len(lengths) + 1) + "|",
+    ]
+    for label in labels:
+        cells = []
+        for s in lengths:
+            flops = results[s][label][3]
+            reference = results[s][REFERENCE][3]
+            cells.append(
+                f"{flops / 1e9:.3g} GFLOP"
+                if label == REFERENCE
+                else f"{flops / reference:.3f}x"
             )
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -350,6 +392,10 @@ def main(argv=None):
             sections.append(markdown_table(mode, policy, results))
             choices.extend(path_lines(mode, policy, results, paths))
             print(sections[-1], flush=True)
+            counted = flops_table(mode, policy, results)
+            if counted is not None:
+                sections.append(counted)
+                print(counted, flush=True)
     sections.append("Faster path:\n" + "\n".join(choices))
     write_report("\n\n".join(sections) + "\n", args.output)
 

@@ -315,6 +315,26 @@ def cpu_allocator():
     return "TensorFlow default (malloc)"
 
 
+def compiled_flops(compiled):
+    """XLA's FLOP count of one call of a compiled JAX function, or `None`
+    where the platform reports none.
+
+    `compiled` is `jax.jit(f).lower(*args).compile()`. XLA counts every
+    instruction of the optimized program (two per multiply-add, one per
+    elementwise operation), so a ratio of two counts is the time ratio the
+    two programs would have at the same FLOP rate.
+    """
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # not every platform reports it
+        return None
+    if isinstance(cost, (list, tuple)):  # one dict per device (older jax)
+        cost = cost[0] if cost else None
+    if not cost or cost.get("flops") is None:
+        return None
+    return float(cost["flops"])
+
+
 def device_name():
     """The device the backend computes on, in words (JAX, PyTorch)."""
     backend = keras.config.backend()

@@ -9,6 +9,12 @@ softmax head. Each aligned model shares one `KQAlignment` instance across its
 layers (as `convert_backbone` attaches it). The batch has padding (lengths
 between half and full), so the masked paths are timed.
 
+Under JAX the table adds each model's train-step FLOPs over the plain
+model's (XLA's `cost_analysis()` of the compiled `train_step`): the ratio
+the step time would have if the alignment ran at the model's FLOP rate.
+XLA counts a loop's body once, so the OT figure (Sinkhorn iterations in a
+loop) is a lower bound.
+
 Timing (`harness.time_alternating`): compiled `train_on_batch` steps
 (TensorFlow, `jit_compile=True`), blocks of `--steps` steps per model, the
 order of the models shuffled in every repeat; the reported ratio is the
@@ -30,6 +36,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 # `benchmarks/` is sys.path[0] when this script runs.
+from harness import compiled_flops  # noqa: E402
 from harness import cpu_allocator  # noqa: E402
 from harness import device_name  # noqa: E402
 from harness import machine_summary  # noqa: E402
@@ -82,6 +89,24 @@ def classifier(args, method):
         jit_compile=args.jit_compile,
     )
     return model
+
+
+def train_step_flops(model, batch):
+    """XLA's FLOP count of one compiled `train_step` of a built, compiled
+    model (JAX backend; `None` on the others)."""
+    if keras.config.backend() != "jax":
+        return None
+    import jax
+
+    state = (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in model.optimizer.variables],
+        [v.value for v in model.metrics_variables],
+    )
+    return compiled_flops(
+        jax.jit(model.train_step).lower(state, batch).compile()
+    )
 
 
 def machine():
@@ -190,6 +215,10 @@ def main(argv=None):
     for call in calls.values():
         warm_up(call)  # trace, compile and warm up
     times = time_alternating(calls, repeats, steps)
+    flops = {
+        name: train_step_flops(model, batch) for name, model in models.items()
+    }
+    counted = all(value is not None for value in flops.values())
     lines = [
         f"KQAlignment train-step overhead: backend {keras.backend.backend()}"
         f", jit_compile={args.jit_compile}, {args.dtype_policy}, "
@@ -204,9 +233,11 @@ def main(argv=None):
             else ""
         ),
         "",
-        "| method | ms/step (median) | ratio vs none (median) | goal |",
-        "| --- | --- | --- | --- |",
-        f"| none | {1e3 * median_time(times, 'none'):.1f} | 1.00 | |",
+        "| method | ms/step (median) | ratio vs none (median) | goal |"
+        + (" FLOPs vs none (XLA) |" if counted else ""),
+        "| --- | --- | --- | --- |" + (" --- |" if counted else ""),
+        f"| none | {1e3 * median_time(times, 'none'):.1f} | 1.00 | |"
+        + (f" {flops['none'] / 1e9:.2f} GFLOP |" if counted else ""),
     ]
     for name in names[1:]:
         ratio = median_ratio(times, name, "none")
@@ -217,6 +248,7 @@ def main(argv=None):
         lines.append(
             f"| {name} | {1e3 * median_time(times, name):.1f} | "
             f"{ratio:.2f}x | {verdict} |"
+            + (f" {flops[name] / flops['none']:.3f}x |" if counted else "")
         )
     lines.append("")
     lines.append(f"Total {time.perf_counter() - start:.1f} s.")

@@ -290,3 +290,48 @@ def test_dropout_step_times_the_train_step_only():
         _rejects(script.parse_args, argv)
     assert script.parse_args([]).modes == ["train"]
     assert script.parse_args(["--modes", "train"]).modes == ["train"]
+
+
+def test_compiled_flops_is_xla_count_of_the_program(harness):
+    # The FLOP columns (accelerator_step.py, and kq_alignment_overhead.py
+    # under JAX) divide these counts: a matmul must count 2 n^3, and a
+    # platform without a count must give None, not 0 (a ratio of 0).
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((64, 64), "float32")
+    compiled = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
+    assert harness.compiled_flops(compiled) == pytest.approx(2 * 64**3)
+
+    class NoCount:
+        def __init__(self, cost):
+            self.cost = cost
+
+        def cost_analysis(self):
+            if isinstance(self.cost, Exception):
+                raise self.cost
+            return self.cost
+
+    for cost in (RuntimeError("unsupported"), None, [], {}, [{}]):
+        assert harness.compiled_flops(NoCount(cost)) is None
+    assert harness.compiled_flops(NoCount([{"flops": 8.0}])) == 8.0
+
+
+def test_flops_table_divides_by_keras_mha_of_the_same_length():
+    script = _load("accelerator_step")
+    results = {
+        128: {
+            script.REFERENCE: (1.0, 1.0, None, 200.0e9),
+            "Gumbel argmax": (1.0, 0.95, None, 182.0e9),
+        },
+        512: {
+            script.REFERENCE: (1.0, 1.0, None, 400.0e9),
+            "Gumbel argmax": (1.0, 0.85, None, 310.0e9),
+        },
+    }
+    table = script.flops_table("infer", "float32", results)
+    assert "| keras MHA | 200 GFLOP | 400 GFLOP |" in table
+    assert "| Gumbel argmax | 0.910x | 0.775x |" in table
+    # PyTorch steps have no count: no table rather than a wrong one.
+    results[512]["Gumbel argmax"] = (1.0, 0.85, None, None)
+    assert script.flops_table("infer", "float32", results) is None
