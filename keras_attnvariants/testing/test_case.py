@@ -15,7 +15,8 @@ class TestCase(KerasTestCase):
       argument of the class and its bases up to `keras.layers.Layer`.
     - `assert_mixed_precision_outputs`: under `mixed_float16`,
       `mixed_bfloat16` and `bfloat16` (bfloat16 variables too) every
-      floating output is in the compute dtype and finite.
+      output is in the compute dtype and finite (so it is for layers whose
+      outputs are all floating: outputs and attention scores).
     - `run_multi_input_training_step`: a functional model around a
       multi-input layer takes a few `fit` steps; the loss is finite and the
       trainable weights change.
