@@ -41,6 +41,7 @@ from harness import infer_fn  # noqa: E402
 from harness import machine_summary  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
+from harness import ratio_table  # noqa: E402
 from harness import step_parser  # noqa: E402
 from harness import steps_for  # noqa: E402
 from harness import time_alternating  # noqa: E402
@@ -108,24 +109,6 @@ def measure(mode, batch, length, dim, num_heads, repeats, steps):
     }
 
 
-def markdown_table(mode, results):
-    """One Markdown table: rows = variants, columns = sequence lengths."""
-    lengths = sorted(results)
-    labels = list(results[lengths[0]])
-    header = "| " + mode + " | " + " | ".join(f"S={s}" for s in lengths)
-    lines = [header + " |", "|---" * (len(lengths) + 1) + "|"]
-    for label in labels:
-        cells = []
-        for s in lengths:
-            seconds, ratio = results[s][label]
-            if label == REFERENCE:
-                cells.append(f"{seconds * 1e3:.1f} ms")
-            else:
-                cells.append(f"{ratio:.2f}x ({seconds * 1e3:.1f} ms)")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def goal_lines(results):
     """`met` / `MISSED` per goal, from one length's train results."""
     lines = []
@@ -190,7 +173,7 @@ def main(argv=None):
                 steps,
             )
             print(f"[{mode} S={length}: {steps} steps/timing]", file=sys.stderr)
-        sections.append(markdown_table(mode, results))
+        sections.append(ratio_table(mode, results, REFERENCE, 1))
         if mode == "train" and GOAL_LENGTH in results:
             sections.append(goal_lines(results[GOAL_LENGTH]))
     write_report("\n\n".join(sections) + "\n", args.output)

@@ -45,6 +45,7 @@ from harness import load_average_1min as load_average  # noqa: E402
 from harness import machine_summary  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
+from harness import ratio_table  # noqa: E402
 from harness import step_parser  # noqa: E402
 from harness import steps_for  # noqa: E402
 from harness import time_alternating  # noqa: E402
@@ -118,24 +119,6 @@ def measure(mode, x, num_heads, repeats, min_time, xla):
     return results, steps
 
 
-def markdown_table(mode, results):
-    """One Markdown table: rows = variants, columns = sequence lengths."""
-    lengths = sorted(results)
-    labels = list(results[lengths[0]])
-    header = "| " + mode + " | " + " | ".join(f"S={s}" for s in lengths)
-    lines = [header + " |", "|---" * (len(lengths) + 1) + "|"]
-    for label in labels:
-        cells = []
-        for s in lengths:
-            seconds, ratio = results[s][label]
-            if label == REFERENCE:
-                cells.append(f"{seconds * 1e3:.2f} ms")
-            else:
-                cells.append(f"{ratio:.2f}x ({seconds * 1e3:.2f} ms)")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def goal_lines(mode, results):
     """`met` / `MISSED` per goal of `mode`, at every measured length."""
     lines = []
@@ -190,7 +173,7 @@ def main(argv=None):
                 not args.no_xla,
             )
             print(f"[{mode} S={length}: {steps} steps/timing]", file=sys.stderr)
-        sections.append(markdown_table(mode, results))
+        sections.append(ratio_table(mode, results, REFERENCE, 2))
         sections.append(goal_lines(mode, results))
     load_after = load_average()
     title = (

@@ -166,6 +166,28 @@ def write_report(text, path=None):
             f.write(text)
 
 
+def ratio_table(title, results, reference, ms_digits=1):
+    """One Markdown table: rows = variants, columns = sequence lengths.
+
+    `results`: `{length: {label: (seconds, ratio to reference), ...}}`;
+    the reference row shows its time, the others `ratio (time)`.
+    """
+    lengths = sorted(results)
+    labels = list(results[lengths[0]])
+    header = f"| {title} | " + " | ".join(f"S={s}" for s in lengths)
+    lines = [header + " |", "|---" * (len(lengths) + 1) + "|"]
+    for label in labels:
+        cells = []
+        for s in lengths:
+            seconds, ratio = results[s][label][:2]
+            time = f"{seconds * 1e3:.{ms_digits}f} ms"
+            cells.append(
+                time if label == reference else f"{ratio:.2f}x ({time})"
+            )
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def warm_up(call, times=2):
     """Runs `call` `times` times (the first call compiles).
 
