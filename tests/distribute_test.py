@@ -303,8 +303,38 @@ def history(name, strategy):
     ).history
 
 
+def guidance_made_outside(strategy):
+    # The term is made before the scope is entered (its step counter is
+    # created when the attention layer builds, inside it).
+    keras.utils.set_random_seed(0)
+    term = kav.AttentionGuidanceRegularizer(
+        {0: "next"}, alpha=1.0, decay_steps=4, name="g"
+    )
+    with strategy.scope():
+        inputs = keras.Input((5, 8))
+        hidden = kav.HybridAttention(
+            2, 4, hybrid_init=0.0, attention_losses=[term]
+        )(inputs, inputs)
+        outputs = keras.layers.Dense(1)(
+            keras.layers.GlobalAveragePooling1D()(hidden)
+        )
+        model = keras.Model(inputs, outputs)
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    rng = np.random.default_rng(1)
+    data = (
+        rng.random((8, 5, 8)).astype("float32"),
+        rng.random((8, 1)).astype("float32"),
+    )
+    history = model.fit(
+        *data, batch_size=8, epochs=3, shuffle=False, verbose=0
+    ).history
+    return {"history": history, "step": float(term.step.numpy())}
+
+
 first, second = replica_outputs(), replica_outputs()
 print(json.dumps({
+    "outside_single": guidance_made_outside(single),
+    "outside_mirrored": guidance_made_outside(mirrored),
     "replicas_differ": float(np.abs(first[0] - first[1]).max()),
     "rerun_differs": max(
         float(np.abs(a - b).max()) for a, b in zip(first, second)
@@ -345,6 +375,18 @@ def test_mirrored_gumbel_noise_per_replica_and_metrics_per_term():
     for key in single:
         np.testing.assert_allclose(
             mirrored[key], single[key], rtol=1e-4, err_msg=key
+        )
+    # A guidance term made outside the scope: its step counter was made in
+    # its constructor, a plain variable both replicas advanced (6 after 3
+    # steps), so alpha_t decayed twice as fast with no error.
+    single, mirrored = result["outside_single"], result["outside_mirrored"]
+    assert single["step"] == mirrored["step"] == 3.0
+    for key in single["history"]:
+        np.testing.assert_allclose(
+            mirrored["history"][key],
+            single["history"][key],
+            rtol=1e-4,
+            err_msg=key,
         )
 
 

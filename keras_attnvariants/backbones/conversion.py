@@ -479,7 +479,8 @@ def convert_backbone(
     `keras.layers.MultiHeadAttention` arguments updated by
     `attention_kwargs`, and every weight of `backbone` is copied over by
     variable path, as is every layer's `trainable` flag (a converted layer
-    is frozen like the one it replaces); no variable is duplicated and
+    is frozen like the one it replaces; the attached terms, shared by all
+    blocks, keep their own); no variable is duplicated and
     weight sharing (ALBERT's layer groups) is kept. In encoders, this
     package's variants get `self_attention_padding=True`: keras-hub masks
     only padded keys, and DNAS / HNAS must also keep padded queries out of
@@ -560,5 +561,15 @@ def convert_backbone(
     converted = converted_class(base)
     result = base.from_config.__func__(converted, config)
     copy_weights_by_path(backbone, result)
+    # The terms are shared by every converted layer, and Keras's
+    # `trainable` setter recurses: a frozen block reached them and froze a
+    # shared adversary for every block. They keep the caller's flags.
+    term_flags = [
+        (layer, layer.trainable)
+        for term in attention_losses or []
+        for layer in term._flatten_layers(include_self=True)
+    ]
     copy_trainable_by_path(backbone, result)
+    for layer, trainable in term_flags:
+        layer.trainable = trainable
     return result

@@ -276,22 +276,54 @@ class AttentionGuidanceRegularizer(AttentionLoss):
         self.edge_rows = edge_rows
         self.delimiter_ids = delimiter_ids
         self.period_id = period_id
-        # Under tf.distribute each replica advances its own copy (all in
-        # step) and reads of the copies average: no cross-replica sync in
-        # the forward pass. A synced ("only_first_replica") counter let
-        # replicas see each other's losses (Keras keeps layer losses in a
-        # list shared by the replica threads): the MirroredStrategy loss was
-        # 10.85 vs 7.74 on one device. float32 (exact to 2^24 steps), as
-        # "mean" needs a float. `add_weight` has no `synchronization`.
-        self.step = keras.Variable(
-            0.0,
-            dtype="float32",
-            trainable=False,
-            synchronization="on_read",
-            aggregation="mean",
-            name="step",
-        )
+        # `step` is created on first use (`build_for_attention`, the first
+        # call, or reading `step`), not here: under tf.distribute a term
+        # made before `strategy.scope()` and attached inside it then gets
+        # a per-replica counter too.
+        self._step = None
         self.built = True
+
+    @property
+    def step(self):
+        """The non-trainable float32 step counter (created on first use,
+        under the name scope of the term: its path is `<name>/step`)."""
+        if self._step is None:
+            # Under tf.distribute each replica advances its own copy (all
+            # in step) and reads of the copies average: no cross-replica
+            # sync in the forward pass. A synced ("only_first_replica")
+            # counter let replicas see each other's losses (Keras keeps
+            # layer losses in a list shared by the replica threads): the
+            # MirroredStrategy loss was 10.85 vs 7.74 on one device.
+            # float32 (exact to 2^24 steps), as "mean" needs a float.
+            # `add_weight` has no `synchronization`. The name scope gives
+            # each term its own variable path: converted backbones carry
+            # weights over by path, and two terms' bare "step" collided.
+            with keras.name_scope(self.name, caller=self):
+                self._step = keras.Variable(
+                    0.0,
+                    dtype="float32",
+                    trainable=False,
+                    synchronization="on_read",
+                    aggregation="mean",
+                    name="step",
+                )
+        return self._step
+
+    def build_for_attention(self, num_heads, key_dim):
+        # Attention layers build inside the model's strategy scope.
+        self.step  # noqa: B018 (creates the counter)
+
+    def __call__(self, *args, **kwargs):
+        # Called directly (not attached), the first call creates the
+        # counter: a symbolic call (functional model, or `fit`'s symbolic
+        # build) does so before JAX's stateless train step, where creating
+        # a variable is an error.
+        self.step  # noqa: B018
+        return super().__call__(*args, **kwargs)
+
+    def load_own_variables(self, store):
+        self.step  # noqa: B018 (a `.keras` file holds the counter)
+        super().load_own_variables(store)
 
     @property
     def head_patterns(self):

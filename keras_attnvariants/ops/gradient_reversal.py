@@ -6,7 +6,9 @@ and PyTorch, inside `jit`/XLA, and needs no custom-gradient registration:
 `y = stop_gradient(x) - beta * (x - stop_gradient(x))`
 
 Forward, the bracket is exactly 0, so `y = x` bit for bit; backward only
-`-beta * x` carries a gradient, `dy/dx = -beta`. This is the notes' form
+`-beta * x` carries a gradient, `dy/dx = -beta`. Non-finite entries (where
+the bracket would be `inf - inf = nan`) pass through as they are, with a
+zero gradient. This is the notes' form
 `stop_gradient(x (1 + beta)) - x beta` rearranged: that one rounds in the
 forward pass and overflows float16 for `|x| (1 + beta) > 65504`.
 """
@@ -35,8 +37,9 @@ def gradient_reversal(x, beta=1.0):
             incoming gradient by `-beta`. Defaults to `1.0`.
 
     Returns:
-        A tensor equal to `x` (exactly, in `x`'s dtype), whose
-        gradient with respect to `x` is `-beta` times the incoming one.
+        A tensor equal to `x` (exactly, in `x`'s dtype, `inf` and `nan`
+        included), whose gradient with respect to `x` is `-beta` times the
+        incoming one (0 at non-finite entries).
 
     Example:
 
@@ -49,4 +52,6 @@ def gradient_reversal(x, beta=1.0):
     beta = _check_beta(beta)
     x = ops.convert_to_tensor(x)
     frozen = ops.stop_gradient(x)
-    return frozen - beta * (x - frozen)
+    reversed_ = frozen - beta * (x - frozen)
+    # `inf - inf` is nan: non-finite entries stay as they are (gradient 0).
+    return ops.where(ops.isfinite(x), reversed_, frozen)

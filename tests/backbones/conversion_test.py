@@ -373,6 +373,51 @@ class ConvertBackboneTest(TestCase):
             ),
         )
 
+    def test_frozen_block_leaves_the_shared_terms_trainable(self):
+        # Keras's `trainable` setter recurses: copying a frozen block's
+        # flag reached the term shared by every block, so the adversary of
+        # the unfrozen blocks never trained.
+        partly = ENCODERS["bert"]()
+        partly.transformer_layers[0].trainable = False
+        term = kav.KQAlignment(method="gan")
+        converted = convert_backbone(
+            partly, kav.HybridAttention, [term], hybrid_init=0.0
+        )
+        self.assertFalse(converted.transformer_layers[0].trainable)
+        self.assertTrue(term.trainable)
+        self.assertEqual(len(term.trainable_weights), len(term.weights))
+        self.assertGreater(len(term.weights), 0)
+        # A term the caller froze stays frozen.
+        frozen_term = kav.KQAlignment(method="gan")
+        frozen_term.trainable = False
+        convert_backbone(
+            ENCODERS["bert"](),
+            kav.HybridAttention,
+            [frozen_term],
+            hybrid_init=0.0,
+        )
+        self.assertEqual(frozen_term.trainable_weights, [])
+
+    def test_guidance_terms_have_their_own_step_paths(self):
+        # Every guidance term's counter had the bare path "step": two terms
+        # could not be attached (duplicate path), and converting again with
+        # a new term copied the old term's count into it.
+        first = kav.AttentionGuidanceRegularizer({0: "next"}, 1.0, name="next")
+        second = kav.AttentionGuidanceRegularizer({1: "prev"}, 1.0, name="prev")
+        converted = convert_backbone(
+            self.originals["bert"],
+            kav.HybridAttention,
+            [first, second],
+            hybrid_init=0.0,
+        )
+        self.assertNotEqual(first.step.path, second.step.path)
+        first.step.assign(80.0)
+        fresh = kav.AttentionGuidanceRegularizer({0: "next"}, 1.0, name="fresh")
+        convert_backbone(
+            converted, kav.HybridAttention, [fresh], hybrid_init=0.0
+        )
+        self.assertEqual(float(keras.ops.convert_to_numpy(fresh.step)), 0.0)
+
     def test_blocks_with_model_specific_attention_raise(self):
         # Whisper's attention has no key bias, Moonshine's blocks keep a
         # rotary attention elsewhere: an obscure weight-name error and an

@@ -77,3 +77,12 @@ class GradientReversalTest(TestCase):
         )
         self.assertAllClose(y, x)
         self.assertAllClose(grad, -0.5 * np.ones(3))
+
+    def test_non_finite_entries_pass_through_with_zero_gradient(self):
+        # `frozen - beta * (x - frozen)` made inf and -inf nan (inf - inf).
+        x = np.array([np.inf, -np.inf, np.nan, 1.5], "float32")
+        y, grad = value_and_grad(
+            lambda v: gradient_reversal(v, 2.0), x, np.ones(4, "float32")
+        )
+        np.testing.assert_array_equal(y, x)  # nan == nan here
+        np.testing.assert_array_equal(grad, [0.0, 0.0, 0.0, -2.0])
