@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from keras_attnvariants.testing import layer_zoo
+from keras_attnvariants.testing.subprocesses import run_json_script
 
 
 @pytest.fixture(autouse=True)
@@ -249,16 +250,7 @@ print(json.dumps([first, again, error]))
 
 @on_tf
 def test_split_cpu_after_tensorflow_started_names_the_fix():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    out = subprocess.run(
-        [sys.executable, "-c", SPLIT_AFTER_START],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    first, again, error = json.loads(out.stdout.splitlines()[-1])
+    first, again, error = run_json_script(SPLIT_AFTER_START, timeout=300)
     assert first == again == 2
     # TensorFlow's own message ("Virtual devices cannot be modified after
     # being initialized") named neither split_cpu nor when to call it.
@@ -275,6 +267,7 @@ import numpy as np
 import tensorflow as tf
 import keras_attnvariants as kav
 from keras_attnvariants.testing import layer_zoo
+from keras_attnvariants.testing.subprocesses import run_json_script
 
 mirrored = distribute.pick_strategy(cpu_replicas=2)
 single = distribute.pick_strategy()
@@ -349,16 +342,7 @@ print(json.dumps({
 
 @on_tf
 def test_mirrored_gumbel_noise_per_replica_and_metrics_per_term():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    out = subprocess.run(
-        [sys.executable, "-c", GUMBEL_REPLICAS],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.splitlines()[-1])
+    result = run_json_script(GUMBEL_REPLICAS, timeout=900)
     # Same input on both replicas: each draws its own noise...
     assert result["replicas_differ"] > 1e-3
     # ...and the same seeds give the same noise again, and the same fit.

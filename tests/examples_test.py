@@ -518,22 +518,10 @@ def test_mlm_guidance_counts_steps_under_mirrored_strategy():
     # `alpha_t` decayed twice as fast on 2 GPUs. And a bool padding mask
     # failed under several replicas (Keras reduces the first batch's
     # inputs with AddN, which takes no bool): keras-hub's inputs are int.
-    import json
-    import os
-    import subprocess
-    import sys
+    from keras_attnvariants.testing.subprocesses import run_json_script
 
     script = MLM_UNDER_MIRRORED.format(examples=str(EXAMPLES))
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_json_script(script, timeout=600, KERAS_BACKEND="tensorflow")
     assert result["sync_on_read"] == "SyncOnReadVariable"
     assert result["step"] == 3.0
     assert len(result["curve"]) == 3

@@ -1,5 +1,6 @@
 """Running a test script in a fresh Python process."""
 
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +22,25 @@ def run_script(script, timeout=120, **env):
     Returns:
         dict `KEY -> value` (strings) of the stdout lines with two words.
     """
+    return dict(
+        line.split()
+        for line in _stdout(script, timeout, env).splitlines()
+        if len(line.split()) == 2
+    )
+
+
+def run_json_script(script, timeout=120, **env):
+    """Runs `python -c script` and returns its last stdout line, as JSON.
+
+    Like `run_script`, for scripts that print their results with
+    `print(json.dumps(...))` as their last line.
+    """
+    return json.loads(_stdout(script, timeout, env).strip().splitlines()[-1])
+
+
+def _stdout(script, timeout, env):
+    """stdout of `python -c script` with `env` added; `AssertionError`
+    with the end of stderr if it fails."""
     result = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
@@ -30,9 +50,5 @@ def run_script(script, timeout=120, **env):
         check=False,
     )
     if result.returncode != 0:
-        raise AssertionError(result.stderr[-2000:])
-    return dict(
-        line.split()
-        for line in result.stdout.splitlines()
-        if len(line.split()) == 2
-    )
+        raise AssertionError(result.stderr[-3000:])
+    return result.stdout
