@@ -53,6 +53,7 @@ import numpy as np  # noqa: E402
 from harness import check_step_args  # noqa: E402
 from harness import compiled_flops  # noqa: E402
 from harness import device_name  # noqa: E402
+from harness import length_table  # noqa: E402
 from harness import machine_summary  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
@@ -266,50 +267,31 @@ def mib(value):
 
 def markdown_table(mode, policy, results):
     """Rows = variants, columns = lengths: ratio (ms, MiB)."""
-    lengths = sorted(results)
-    labels = list(results[lengths[0]])
-    lines = [
-        f"| {mode}, {policy} | " + " | ".join(f"S={s}" for s in lengths) + " |",
-        "|---" * (len(lengths) + 1) + "|",
-    ]
-    for label in labels:
-        cells = []
-        for s in lengths:
-            seconds, ratio, memory, _ = results[s][label]
-            timing = f"{seconds * 1e3:.2f} ms, {mib(memory)} MiB"
-            cells.append(
-                timing if label == REFERENCE else f"{ratio:.2f}x ({timing})"
-            )
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+
+    def cell(label, length):
+        seconds, ratio, memory, _ = results[length][label]
+        timing = f"{seconds * 1e3:.2f} ms, {mib(memory)} MiB"
+        return timing if label == REFERENCE else f"{ratio:.2f}x ({timing})"
+
+    return length_table(f"{mode}, {policy}", results, cell)
 
 
 def flops_table(mode, policy, results):
     """Rows = variants, columns = lengths: XLA's FLOPs of one step over
     keras MHA's, the compute floor of the time ratio; `None` when the
     backend has no compiled program to count (PyTorch)."""
-    lengths = sorted(results)
-    if any(row[3] is None for s in lengths for row in results[s].values()):
+    if any(
+        row[3] is None for rows in results.values() for row in rows.values()
+    ):
         return None
-    labels = list(results[lengths[0]])
-    lines = [
-        f"| {mode}, {policy}: FLOPs / keras MHA's | "
-        + " | ".join(f"S={s}" for s in lengths)
-        + " |",
-        "|---" * (len(lengths) + 1) + "|",
-    ]
-    for label in labels:
-        cells = []
-        for s in lengths:
-            flops = results[s][label][3]
-            reference = results[s][REFERENCE][3]
-            cells.append(
-                f"{flops / 1e9:.3g} GFLOP"
-                if label == REFERENCE
-                else f"{flops / reference:.3f}x"
-            )
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+
+    def cell(label, length):
+        flops = results[length][label][3]
+        if label == REFERENCE:
+            return f"{flops / 1e9:.3g} GFLOP"
+        return f"{flops / results[length][REFERENCE][3]:.3f}x"
+
+    return length_table(f"{mode}, {policy}: FLOPs / keras MHA's", results, cell)
 
 
 def path_lines(mode, policy, results, paths):

@@ -45,6 +45,7 @@ from harness import load_average  # noqa: E402
 from harness import machine_summary  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
+from harness import ratio_table  # noqa: E402
 from harness import step_parser  # noqa: E402
 from harness import steps_for  # noqa: E402
 from harness import time_alternating  # noqa: E402
@@ -188,21 +189,10 @@ def main(argv=None):
         + (" (--quick: timings mean nothing)" if args.quick else "")
         + ".",
         "",
-        "| train, ratio to keras MHA with dropout | "
-        + " | ".join(f"S={s}" for s in args.lengths)
-        + " |",
-        "|---" * (len(args.lengths) + 1) + "|",
+        ratio_table(
+            "train, ratio to keras MHA with dropout", results, REFERENCE
+        ),
     ]
-    for label in LABELS:
-        cells = []
-        for s in args.lengths:
-            seconds, ratio = results[s][label]
-            cells.append(
-                f"{seconds * 1e3:.1f} ms"
-                if label == REFERENCE
-                else f"{ratio:.2f}x ({seconds * 1e3:.1f} ms)"
-            )
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     write_report("\n".join(lines) + "\n", args.output)
 
 

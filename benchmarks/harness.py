@@ -166,26 +166,33 @@ def write_report(text, path=None):
             f.write(text)
 
 
-def ratio_table(title, results, reference, ms_digits=1):
+def length_table(title, results, cell):
     """One Markdown table: rows = variants, columns = sequence lengths.
 
-    `results`: `{length: {label: (seconds, ratio to reference), ...}}`;
-    the reference row shows its time, the others `ratio (time)`.
+    `results`: `{length: {label: row, ...}}` (every length has the same
+    labels, in row order); `cell(label, length)` is the text of one cell.
     """
     lengths = sorted(results)
     labels = list(results[lengths[0]])
     header = f"| {title} | " + " | ".join(f"S={s}" for s in lengths)
     lines = [header + " |", "|---" * (len(lengths) + 1) + "|"]
     for label in labels:
-        cells = []
-        for s in lengths:
-            seconds, ratio = results[s][label][:2]
-            time = f"{seconds * 1e3:.{ms_digits}f} ms"
-            cells.append(
-                time if label == reference else f"{ratio:.2f}x ({time})"
-            )
+        cells = [cell(label, s) for s in lengths]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def ratio_table(title, results, reference, ms_digits=1):
+    """`length_table` of `{length: {label: (seconds, ratio to reference,
+    ...)}}`: the reference row shows its time, the others `ratio (time)`.
+    """
+
+    def cell(label, length):
+        seconds, ratio = results[length][label][:2]
+        time = f"{seconds * 1e3:.{ms_digits}f} ms"
+        return time if label == reference else f"{ratio:.2f}x ({time})"
+
+    return length_table(title, results, cell)
 
 
 def warm_up(call, times=2):
