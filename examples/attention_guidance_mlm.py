@@ -204,9 +204,9 @@ class StepLosses(keras.callbacks.Callback):
 
 def train(args, vocab_size, features, labels, guided):
     keras.utils.set_random_seed(args.seed)
-    # Everything inside the scope: the guidance term's step counter, made
-    # outside a strategy, would be one variable that every replica
-    # advances (alpha_t decaying N times too fast on N devices).
+    # Everything inside the strategy's scope: the model, its guidance term
+    # (whose per-replica step counter is created when the attention layers
+    # build) and the optimizer.
     with distribute.model_scope():
         regularizer = None
         if guided:

@@ -513,9 +513,11 @@ print(json.dumps({{
     reason="a tf.distribute strategy",
 )
 def test_mlm_guidance_counts_steps_under_mirrored_strategy():
-    # The guidance term was created before `model_scope()` was entered: its
-    # step counter was a plain variable that both replicas advanced, so
-    # `alpha_t` decayed twice as fast on 2 GPUs. And a bool padding mask
+    # The guidance term was once created before `model_scope()` was
+    # entered, with a step counter made in its constructor: a plain
+    # variable that both replicas advanced, so `alpha_t` decayed twice as
+    # fast on 2 GPUs (the counter is now made at build, in the scope; see
+    # tests/distribute_test.py). And a bool padding mask
     # failed under several replicas (Keras reduces the first batch's
     # inputs with AddN, which takes no bool): keras-hub's inputs are int.
     from keras_attnvariants.testing.subprocesses import run_json_script
