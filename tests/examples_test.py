@@ -137,6 +137,20 @@ def test_arithmetic_models_ignore_trailing_padding():
             np.testing.assert_allclose(full[v], trimmed[v], atol=1e-5)
 
 
+def _tiny_bert(length):
+    """A 1-layer, 8-wide keras-hub BERT over 30 token ids (random init)."""
+    import keras_hub
+
+    return keras_hub.models.BertBackbone(
+        vocabulary_size=30,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=length,
+    )
+
+
 def _padding_row_changed(model, tokens):
     """Predictions before and after the padding id's embedding changes."""
     embedding = next(
@@ -188,17 +202,8 @@ def test_finetune_variants_start_from_the_same_classifier_head():
     # were initialized differently from the standard one's.
     import argparse
 
-    import keras_hub
-
     example = _load("finetune_pretrained_with_variants")
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=30,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
-        max_sequence_length=8,
-    )
+    backbone = _tiny_bert(8)
     args = argparse.Namespace(
         seed=3,
         hybrid_init=0.1,
@@ -391,7 +396,6 @@ def test_finetune_trains_every_variant_under_a_strategy(monkeypatch, tmp_path):
     # scope, and failed ("`colocate_vars_with` must only be passed a
     # variable created in this tf.distribute.Strategy.scope()").
     # OneDeviceStrategy checks variables the same way, on the CPU.
-    import keras_hub
     import tensorflow as tf
 
     from keras_attnvariants import distribute
@@ -400,14 +404,7 @@ def test_finetune_trains_every_variant_under_a_strategy(monkeypatch, tmp_path):
     length = 8
 
     def load_minilm(sequence_length):
-        backbone = keras_hub.models.BertBackbone(
-            vocabulary_size=30,
-            num_layers=1,
-            num_heads=2,
-            hidden_dim=8,
-            intermediate_dim=16,
-            max_sequence_length=length,
-        )
+        backbone = _tiny_bert(length)
 
         def preprocessor(texts):
             ids = np.array([[2 + len(t) % 20] * length for t in texts])
@@ -533,17 +530,9 @@ def test_mlm_guidance_counts_steps_under_mirrored_strategy():
 def test_kq_classifier_takes_no_bool_input():
     # A bool `padding_mask` input failed `fit` under a multi-replica
     # MirroredStrategy (Keras reduces the first batch's inputs with AddN).
-    import keras_hub
 
     example = _load("kq_alignment_finetune")
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=30,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
-        max_sequence_length=6,
-    )
+    backbone = _tiny_bert(6)
     model = example.build_classifier(backbone, "none", 0.0, 6, 1e-3, seed=0)
     dtypes = {
         x.name: keras.backend.standardize_dtype(x.dtype) for x in model.inputs
