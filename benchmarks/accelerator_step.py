@@ -26,7 +26,8 @@ kernels where the backend has them). The variants:
 Under JAX the table also gives each compiled step's temporary memory
 (`memory_analysis().temp_size_in_bytes`), under PyTorch the peak memory of
 one step (`torch.cuda.max_memory_allocated`). Under JAX a second table
-gives each step's FLOPs (XLA's `cost_analysis()`) over keras MHA's: the
+gives each step's FLOPs (XLA's `cost_analysis()` of the step compiled for
+the host CPU, `harness.host_flops`) over keras MHA's: the
 ratio a variant's time would have if it ran at keras MHA's FLOP rate (the
 floor of the time ratio where the step is compute-bound). The last section
 says which path is faster per length, the measurement behind
@@ -51,8 +52,8 @@ import numpy as np  # noqa: E402
 
 # `benchmarks/` is sys.path[0] when this script runs.
 from harness import check_step_args  # noqa: E402
-from harness import compiled_flops  # noqa: E402
 from harness import device_name  # noqa: E402
+from harness import host_flops  # noqa: E402
 from harness import length_table  # noqa: E402
 from harness import machine_summary  # noqa: E402
 from harness import median_ratio  # noqa: E402
@@ -134,7 +135,7 @@ def jax_step(layer, x, mode, learning_rate=1e-4):
         return (
             (lambda: compiled(*state, x)),
             temp_bytes(compiled),
-            compiled_flops(compiled),
+            host_flops(forward, *state, x),
         )
 
     def loss_fn(trainable, non_trainable, x):
@@ -162,7 +163,9 @@ def jax_step(layer, x, mode, learning_rate=1e-4):
         state[0], state[1], loss = compiled(state[0], state[1], x)
         return loss
 
-    return call, temp_bytes(compiled), compiled_flops(compiled)
+    # Counted before the first call donates `state`'s buffers.
+    flops = host_flops(step, *state, x)
+    return call, temp_bytes(compiled), flops
 
 
 def temp_bytes(compiled):

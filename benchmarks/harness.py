@@ -364,6 +364,27 @@ def compiled_flops(compiled):
     return float(cost["flops"])
 
 
+def host_flops(function, *args):
+    """XLA's FLOP count of `function(*args)` compiled for the host CPU
+    (JAX), or `None` where there is no count.
+
+    Counted on the CPU on every machine: XLA:GPU's `cost_analysis()` leaves
+    out the matmuls it hands to cuBLAS (on an H100 the 6-block KQ train step
+    of `kq_alignment_overhead.py` counted 71 GFLOP of its ~970, its
+    64-wide adversaries in full), so GPU counts understate exactly the
+    large matmuls a ratio compares against. The CPU program is the same
+    computation; the count is of its arithmetic, not of a platform's time.
+    """
+    import jax
+
+    try:
+        cpu = jax.devices("cpu")[0]
+    except RuntimeError:  # JAX_PLATFORMS without the CPU
+        return None
+    args = jax.device_put(args, cpu)
+    return compiled_flops(jax.jit(function).lower(*args).compile())
+
+
 def device_name():
     """The device the backend computes on, in words (JAX, PyTorch)."""
     backend = keras.config.backend()

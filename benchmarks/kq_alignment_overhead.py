@@ -10,7 +10,8 @@ layers (as `convert_backbone` attaches it). The batch has padding (lengths
 between half and full), so the masked paths are timed.
 
 Under JAX the table adds each model's train-step FLOPs over the plain
-model's (XLA's `cost_analysis()` of the compiled `train_step`): the ratio
+model's (XLA's `cost_analysis()` of `train_step` compiled for the host
+CPU, also on a GPU machine, `harness.host_flops`): the ratio
 the step time would have if the alignment ran at the model's FLOP rate.
 XLA counts a loop's body once, so the OT figure (Sinkhorn iterations in a
 loop) is a lower bound.
@@ -36,9 +37,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 # `benchmarks/` is sys.path[0] when this script runs.
-from harness import compiled_flops  # noqa: E402
 from harness import cpu_allocator  # noqa: E402
 from harness import device_name  # noqa: E402
+from harness import host_flops  # noqa: E402
 from harness import machine_summary  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
@@ -92,21 +93,17 @@ def classifier(args, method):
 
 
 def train_step_flops(model, batch):
-    """XLA's FLOP count of one compiled `train_step` of a built, compiled
-    model (JAX backend; `None` on the others)."""
+    """XLA's FLOP count of one `train_step` of a built, compiled model,
+    compiled for the host CPU (JAX backend; `None` on the others)."""
     if keras.config.backend() != "jax":
         return None
-    import jax
-
     state = (
         [v.value for v in model.trainable_variables],
         [v.value for v in model.non_trainable_variables],
         [v.value for v in model.optimizer.variables],
         [v.value for v in model.metrics_variables],
     )
-    return compiled_flops(
-        jax.jit(model.train_step).lower(state, batch).compile()
-    )
+    return host_flops(model.train_step, state, batch)
 
 
 def machine():

@@ -317,6 +317,25 @@ def test_compiled_flops_is_xla_count_of_the_program(harness):
     assert harness.compiled_flops(NoCount([{"flops": 8.0}])) == 8.0
 
 
+def test_host_flops_counts_the_program_compiled_for_the_cpu(harness):
+    # XLA:GPU's count leaves out the matmuls handed to cuBLAS (71 of ~970
+    # GFLOP for a KQ train step on an H100), so the FLOP columns compile
+    # for the host CPU on every machine: arrays committed to another
+    # device are moved, and the count is the program's, 2 n^3 for a matmul.
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.device_put(jnp.ones((32, 32), "float32"), jax.devices()[0])
+    assert harness.host_flops(lambda x, y: x @ y, a, a) == pytest.approx(
+        2 * 32**3
+    )
+    # Nested arguments (a model's state lists and its batch) are moved too.
+    count = harness.host_flops(
+        lambda state, batch: state[0] @ batch["x"], [a], {"x": a}
+    )
+    assert count == pytest.approx(2 * 32**3)
+
+
 def test_flops_table_divides_by_keras_mha_of_the_same_length():
     script = _load("accelerator_step")
     results = {
