@@ -92,6 +92,18 @@ def classifier(args, method):
     return model
 
 
+def padded_batch(args):
+    """`([token ids, padding mask], labels)`, seeded: sequences between
+    half and the full `--length` long."""
+    rng = np.random.default_rng(0)
+    shape = (args.batch_size, args.length)
+    ids = rng.integers(1, args.vocabulary, shape).astype("int32")
+    lengths = rng.integers(args.length // 2, args.length + 1, args.batch_size)
+    padding = np.arange(args.length)[None] < lengths[:, None]
+    labels = rng.integers(0, 2, args.batch_size).astype("int32")
+    return [ids, padding], labels
+
+
 def train_step_flops(model, batch):
     """XLA's FLOP count of one `train_step` of a built, compiled model,
     compiled for the host CPU (JAX backend; `None` on the others)."""
@@ -191,13 +203,7 @@ def main(argv=None):
     keras.config.set_dtype_policy(args.dtype_policy)
     repeats, steps = args.repeats, args.steps
 
-    rng = np.random.default_rng(0)
-    shape = (args.batch_size, args.length)
-    ids = rng.integers(1, args.vocabulary, shape).astype("int32")
-    lengths = rng.integers(args.length // 2, args.length + 1, args.batch_size)
-    padding = np.arange(args.length)[None] < lengths[:, None]
-    labels = rng.integers(0, 2, args.batch_size).astype("int32")
-    batch = ([ids, padding], labels)
+    batch = padded_batch(args)
 
     start = time.perf_counter()
     names = ["none"] + list(dict.fromkeys(args.methods))  # once each
