@@ -96,7 +96,11 @@ def gradient_importance(predict, embeddings):
         with tf.GradientTape() as tape:
             tape.watch(h)
             total = best_logits(h)
-        grads = tape.gradient(total, h).numpy()
+        # Logits that do not depend on the embeddings have zero gradients
+        # (as on JAX), not `None`.
+        grads = tape.gradient(
+            total, h, unconnected_gradients=tf.UnconnectedGradients.ZERO
+        ).numpy()
     elif backend == "jax":
         import jax
 
@@ -106,8 +110,12 @@ def gradient_importance(predict, embeddings):
 
         h = torch.tensor(h0, requires_grad=True)
         with torch.enable_grad():
-            best_logits(h).backward()
-        grads = h.grad.detach().cpu().numpy()
+            total = best_logits(h)
+            # Logits that do not depend on the embeddings have no graph:
+            # their gradients are zero (as on JAX).
+            if total.requires_grad:
+                total.backward()
+        grads = np.zeros_like(h0) if h.grad is None else h.grad.cpu().numpy()
     else:
         raise ValueError(
             "`gradient_importance` needs the TensorFlow, JAX or PyTorch "

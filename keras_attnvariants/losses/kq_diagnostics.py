@@ -29,6 +29,8 @@ from keras import ops
 from keras_attnvariants.layers.recording import record_attention
 from keras_attnvariants.losses.attention_loss import padding_masks
 from keras_attnvariants.ops.transport import gaussian_mmd
+from keras_attnvariants.validation import check_float
+from keras_attnvariants.validation import check_int
 
 
 def _all_layers(model):
@@ -86,7 +88,7 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
         dataset: iterable of model inputs, or of `(inputs, ...)` tuples.
         bandwidth: float > 0. Gaussian kernel width. Defaults to `1.0`
             (the paper's standard kernel).
-        max_batches: optional int, stop after this many batches.
+        max_batches: optional int >= 1, stop after this many batches.
 
     Returns:
         dict: `{"per_head": {layer_label: array (N,)}, "total": float}`
@@ -95,6 +97,12 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
         `per_head` is averaged over the examples that have a real token,
         `total` sums it over heads and layers (the paper's figure).
     """
+    # Checked before the loop: `max_batches=0` (or a negative count)
+    # returned a total of 0, which reads as perfect alignment, and an
+    # invalid `bandwidth` went unnoticed when no batch was run.
+    bandwidth = check_float("bandwidth", bandwidth)
+    if max_batches is not None:
+        max_batches = check_int("max_batches", max_batches)
     targets = attention_layers(model)
     # keras-hub names every block's attention "self_attention_layer":
     # key the results by a unique label so that layers are not merged.

@@ -50,6 +50,20 @@ def receptive_fields(attentions, mask=None):
             "`attentions` must be a non-empty list of per-layer weights "
             f"`(B, N, T, T)` or `(B, T, T)`. Received: attentions={attentions}"
         )
+    for z in attentions:
+        # One example's `(T, T)` weights or non-square `(B, 1, S)` ones
+        # broadcast into a wrong field without a word.
+        shape = tuple(ops.shape(z))
+        if len(shape) not in (3, 4) or (
+            isinstance(shape[-1], int)
+            and isinstance(shape[-2], int)
+            and shape[-1] != shape[-2]
+        ):
+            raise ValueError(
+                "Each of `attentions` must be self-attention weights "
+                "`(B, N, T, T)` or `(B, T, T)`. "
+                f"Received: attentions with shape {shape}"
+            )
     first = ops.cast(attentions[0], "float32")
     length = ops.shape(first)[-1]
     valid = _token_mask(mask, first[:, 0] if len(first.shape) == 4 else first)
