@@ -5,6 +5,7 @@ NumPy functions on concrete arrays (not part of a model graph).
 
 import numpy as np
 
+from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
 
 
@@ -18,11 +19,12 @@ def expected_calibration_error(probabilities, labels, num_bins=15):
     Args:
         probabilities: `(n, classes)` predicted probabilities; `(n, 1)` is
             a binary classifier's probability of class 1 (a sigmoid).
-        labels: `(n,)` integer labels.
+        labels: `(n,)` integer labels in `[0, classes)` (`[0, 2)` for
+            `(n, 1)` probabilities).
         num_bins: int >= 1. Defaults to `15`.
 
     Returns:
-        float in `[0, 1]`.
+        float in `[0, 1]`; NaN when there are no examples (`n = 0`).
     """
     probabilities = np.asarray(probabilities, np.float64)
     labels = np.asarray(labels)
@@ -40,6 +42,21 @@ def expected_calibration_error(probabilities, labels, num_bins=15):
             f"min={probabilities.min()}, max={probabilities.max()}"
         )
     num_bins = check_int("num_bins", num_bins)
+    classes = probabilities.shape[1]
+    bad = labels
+    if labels.dtype.kind in "biuf":
+        bad = labels[
+            (labels != np.floor(labels)) | (labels < 0) | (labels >= classes)
+        ]
+    if bad.size:
+        raise ValueError(
+            f"`labels` must be integers in [0, {classes}), the classes of "
+            f"`probabilities`. Received: labels holding "
+            f"{np.unique(bad)[:5].tolist()}"
+        )
+    if not len(labels):
+        # The mean over no examples (0.0 would read as perfectly calibrated).
+        return float("nan")
     confidence = probabilities.max(-1)
     correct = probabilities.argmax(-1) == labels
     # Compared with the edges themselves: `floor(confidence * num_bins)`
@@ -107,16 +124,21 @@ def explained_away_fraction(
     Args:
         weights: `(B, N, T, S)` attention weights.
         key_mask: optional `(B, S)` booleans, valid keys.
-        epsilon: float. Defaults to `1e-8`.
+        epsilon: float > 0. Defaults to `1e-8`.
         query_mask: optional `(B, T)` booleans, valid queries (see
             `key_attention_totals`).
 
     Returns:
         float in `[0, 1]`, over every (example, head, valid key); NaN when
-        no key is valid.
+        no key is valid, or when a valid key's total is NaN (NaN weights).
     """
+    epsilon = check_float("epsilon", epsilon)
     totals = key_attention_totals(weights, key_mask, query_mask)
-    valid = ~np.isnan(totals)
-    if not valid.any():
+    # Valid keys from the mask: a NaN total is padding only where masked.
+    valid = np.ones(totals.shape, bool)
+    if key_mask is not None:
+        valid &= np.asarray(key_mask, bool)[:, None, :]
+    totals = totals[valid]
+    if not totals.size or np.isnan(totals).any():
         return float("nan")
-    return float((totals[valid] < epsilon).mean())
+    return float((totals < epsilon).mean())

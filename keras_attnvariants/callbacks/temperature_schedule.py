@@ -155,14 +155,18 @@ class TemperatureSchedule(keras.callbacks.Callback):
 
     def value(self, step):
         """The temperature at `step` (an int >= 0)."""
+        step = check_int("step", step, low=0)
         if self.schedule == "constant":
             value = self.initial
         elif self.schedule == "linear":
             fraction = min(step / self.steps, 1.0)
             value = self.initial + (self.final - self.initial) * fraction
         else:
-            log_value = math.log(self.initial) + step * math.log(self.rate)
-            value = math.exp(min(log_value, LOG_FLOAT32_MAX))
+            # `initial` times exp(...) rather than exp(log(initial) + ...):
+            # exactly `initial` at step 0.
+            log_factor = step * math.log(self.rate)
+            cap = LOG_FLOAT32_MAX - math.log(self.initial)
+            value = self.initial * math.exp(min(log_factor, cap))
         value = max(value, self.floor)
         if self.ceiling is not None:
             value = min(value, self.ceiling)

@@ -93,9 +93,15 @@ def tokenize(expressions):
     9 `)`. Returns an int32 array `(num_expressions, max_length)`.
 
     Raises:
-        ValueError: for no expressions or a character outside the
-            vocabulary.
+        ValueError: for a single string instead of a list of them, no
+            expressions or a character outside the vocabulary.
     """
+    if isinstance(expressions, (str, bytes)):
+        # A str is iterable: each character would become an expression.
+        raise ValueError(
+            "`expressions` must be a list of expression strings (e.g. "
+            f"`[text]`). Received: expressions={expressions!r}"
+        )
     vocab = {str(d): d + 1 for d in range(DIGITS)}
     vocab.update({"+": 6, "*": 7, "(": 8, ")": 9})
     expressions = [str(text) for text in expressions]

@@ -18,6 +18,7 @@ import inspect
 from dataclasses import dataclass
 
 from keras import layers as keras_layers
+from keras import ops
 
 from keras_attnvariants.validation import check_bool
 
@@ -32,7 +33,8 @@ class AttentionCall:
         key: projected key `(B, S, N, H)`.
         value: projected value `(B, S, N, H)`.
         attention_mask: bool mask broadcastable to `(B, T, S)` (or with a
-            head axis), or `None`.
+            head axis), or `None`. A call made with `use_causal_mask=True`
+            (Keras MHA's causal-only fused path) records the causal mask.
         weights: attention weights `(B, N, T, S)` before dropout, or `None`
             when the layer did not return them (see `with_weights`).
     """
@@ -116,16 +118,30 @@ def _recorder(layer, calls, with_weights):
             bound.arguments["return_attention_scores"] = True
         output, weights = compute(*bound.args, **bound.kwargs)
         arguments = bound.arguments
+        mask = arguments.get("attention_mask")
+        if arguments.get("use_causal_mask"):
+            mask = _with_causal_mask(mask, arguments["query"], arguments["key"])
         calls.append(
             AttentionCall(
                 layer=layer,
                 query=arguments["query"],
                 key=arguments["key"],
                 value=arguments["value"],
-                attention_mask=arguments.get("attention_mask"),
+                attention_mask=mask,
                 weights=weights,
             )
         )
         return output, weights
 
     return compute_and_record
+
+
+def _with_causal_mask(mask, query, key):
+    """`mask` and the causal mask `(1, T, S)` (query `i` sees keys `<= i`)."""
+    # Keras MHA passes `attention_mask=None, use_causal_mask=True` when the
+    # causal mask is its only mask (its fused causal kernel builds none).
+    ones = ops.ones((1, ops.shape(query)[1], ops.shape(key)[1]), "int32")
+    causal = ops.greater_equal(ops.cumsum(ones, -2), ops.cumsum(ones, -1))
+    if mask is None:
+        return causal
+    return ops.logical_and(ops.cast(mask, "bool"), causal)
