@@ -4,9 +4,19 @@ NumPy functions on concrete arrays (not part of a model graph).
 """
 
 import numpy as np
+from keras import ops
 
 from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
+
+
+def as_numpy(value, dtype=None):
+    """`value` (a NumPy array, list, or any backend's tensor) as a NumPy
+    array: PyTorch tensors that need a gradient or live on a GPU cannot go
+    through `np.asarray`."""
+    if not isinstance(value, np.ndarray) and ops.is_tensor(value):
+        value = ops.convert_to_numpy(value)
+    return np.asarray(value, dtype)
 
 
 def expected_calibration_error(probabilities, labels, num_bins=15):
@@ -26,8 +36,8 @@ def expected_calibration_error(probabilities, labels, num_bins=15):
     Returns:
         float in `[0, 1]`; NaN when there are no examples (`n = 0`).
     """
-    probabilities = np.asarray(probabilities, np.float64)
-    labels = np.asarray(labels)
+    probabilities = as_numpy(probabilities, np.float64)
+    labels = as_numpy(labels)
     if probabilities.ndim == 2 and probabilities.shape[1] == 1:
         probabilities = np.concatenate([1.0 - probabilities, probabilities], 1)
     if probabilities.ndim != 2 or labels.shape != probabilities.shape[:1]:
@@ -84,7 +94,7 @@ def key_attention_totals(weights, key_mask=None, query_mask=None):
             padded queries are left out of the sum (in self-attention, pass
             the same padding mask as `key_mask`).
     """
-    weights = np.asarray(weights, np.float64)
+    weights = as_numpy(weights, np.float64)
     if weights.ndim != 4:
         raise ValueError(
             "`weights` must be (batch, heads, queries, keys). "
@@ -103,13 +113,11 @@ def key_attention_totals(weights, key_mask=None, query_mask=None):
             )
     if query_mask is not None:
         weights = np.where(
-            np.asarray(query_mask, bool)[:, None, :, None], weights, 0.0
+            as_numpy(query_mask, bool)[:, None, :, None], weights, 0.0
         )
     totals = weights.sum(-2)
     if key_mask is not None:
-        totals = np.where(
-            np.asarray(key_mask, bool)[:, None, :], totals, np.nan
-        )
+        totals = np.where(as_numpy(key_mask, bool)[:, None, :], totals, np.nan)
     return totals
 
 
@@ -137,7 +145,7 @@ def explained_away_fraction(
     # Valid keys from the mask: a NaN total is padding only where masked.
     valid = np.ones(totals.shape, bool)
     if key_mask is not None:
-        valid &= np.asarray(key_mask, bool)[:, None, :]
+        valid &= as_numpy(key_mask, bool)[:, None, :]
     totals = totals[valid]
     if not totals.size or np.isnan(totals).any():
         return float("nan")

@@ -107,3 +107,59 @@ def test_explained_away_fraction_nan_without_valid_keys():
     weights = np.ones((1, 1, 2, 2))
     mask = np.zeros((1, 2), bool)
     assert np.isnan(evaluation.explained_away_fraction(weights, mask))
+
+
+TORCH_TENSORS = """
+import json
+import torch
+from keras_attnvariants.analysis import interpretability
+from keras_attnvariants import evaluation
+torch.manual_seed(0)
+probs = torch.softmax(torch.randn(6, 3), -1).requires_grad_()
+labels = torch.tensor([0, 1, 2, 0, 1, 2])
+weights = torch.rand(2, 2, 4, 4, requires_grad=True)
+mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
+scores = torch.rand(2, 4, requires_grad=True)
+print(json.dumps({
+    "inputs": [probs.tolist(), labels.tolist(), weights.tolist(),
+               mask.tolist(), scores.tolist()],
+    "ece": evaluation.expected_calibration_error(probs, labels),
+    "explained": evaluation.explained_away_fraction(
+        weights, key_mask=mask, query_mask=mask, epsilon=0.5),
+    "importance": interpretability.attention_importance(
+        [weights], mask=mask, query_mask=mask).tolist(),
+    "tau": interpretability.kendall_tau(
+        scores, scores ** 2 - scores, mask=mask).tolist(),
+}))
+"""
+
+
+def test_metrics_take_pytorch_tensors_that_need_gradients():
+    # A PyTorch model's outputs need a gradient (or live on a GPU), and
+    # `np.asarray` refuses both ("Can't call numpy() on Tensor that
+    # requires grad"): the NumPy metrics convert them through Keras.
+    from keras_attnvariants.analysis import interpretability
+    from keras_attnvariants.testing.subprocesses import run_json_script
+
+    got = run_json_script(TORCH_TENSORS, timeout=300, KERAS_BACKEND="torch")
+    probs, labels, weights, mask, scores = (np.array(x) for x in got["inputs"])
+    mask = mask.astype(bool)
+    assert got["ece"] == pytest.approx(
+        evaluation.expected_calibration_error(probs, labels)
+    )
+    assert got["explained"] == pytest.approx(
+        evaluation.explained_away_fraction(
+            weights, key_mask=mask, query_mask=mask, epsilon=0.5
+        )
+    )
+    np.testing.assert_allclose(
+        got["importance"],
+        interpretability.attention_importance(
+            [weights], mask=mask, query_mask=mask
+        ),
+        rtol=1e-6,
+    )
+    np.testing.assert_allclose(
+        got["tau"],
+        interpretability.kendall_tau(scores, scores**2 - scores, mask=mask),
+    )

@@ -11,6 +11,7 @@ import numpy as np
 from keras import ops
 from scipy import stats
 
+from keras_attnvariants.evaluation import as_numpy
 from keras_attnvariants.evaluation import key_attention_totals
 
 
@@ -52,7 +53,7 @@ def attention_importance(attentions, mask=None, query_mask=None):
         # (B, N, S) totals over the valid queries, summed over heads.
         total = total + key_attention_totals(z, query_mask=query_mask).sum(1)
     if mask is not None:
-        total = np.where(np.asarray(mask, bool), total, 0.0)
+        total = np.where(as_numpy(mask, bool), total, 0.0)
     return np.asarray(total, "float32")
 
 
@@ -138,7 +139,7 @@ def kendall_tau(first, second, mask=None):
         float64 NumPy array `(B,)`; NaN where a score is constant or fewer
         than two tokens are valid.
     """
-    first, second = np.asarray(first), np.asarray(second)
+    first, second = as_numpy(first), as_numpy(second)
     if first.shape != second.shape or first.ndim != 2:
         raise ValueError(
             "`first` and `second` must both be (batch, tokens). Received: "
@@ -152,7 +153,7 @@ def kendall_tau(first, second, mask=None):
             f"Received: mask.shape={np.shape(mask)}"
         )
     taus = []
-    for a, b, m in zip(first, second, np.asarray(mask, bool)):
+    for a, b, m in zip(first, second, as_numpy(mask, bool)):
         # scipy warns on fewer than two samples; the answer is NaN anyway.
         tau = stats.kendalltau(a[m], b[m]).statistic if m.sum() > 1 else np.nan
         taus.append(tau)
