@@ -96,6 +96,10 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
         when several share a name, as in keras-hub backbones);
         `per_head` is averaged over the examples that have a real token,
         `total` sums it over heads and layers (the paper's figure).
+
+    Raises:
+        ValueError: for a model without attention layers or a dataset with
+            no batch (rather than a total of 0, which reads as aligned).
     """
     # Checked before the loop: `max_batches=0` (or a negative count)
     # returned a total of 0, which reads as perfect alignment, and an
@@ -104,15 +108,23 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
     if max_batches is not None:
         max_batches = check_int("max_batches", max_batches)
     targets = attention_layers(model)
+    if not targets:
+        # A total of 0 would read as keys and queries perfectly aligned.
+        raise ValueError(
+            "`model` must contain `keras.layers.MultiHeadAttention` layers "
+            f"(or subclasses). Received: model={model.name!r} with none"
+        )
     # keras-hub names every block's attention "self_attention_layer":
     # key the results by a unique label so that layers are not merged.
     labels = layer_labels(targets)
     self_attention = _self_attention_ids(model)
     sums = {label: 0.0 for label in labels.values()}
     counts = {label: 0.0 for label in labels.values()}
-    for index, batch in enumerate(dataset):
-        if max_batches is not None and index >= max_batches:
+    batches = 0
+    for batch in dataset:
+        if max_batches is not None and batches >= max_batches:
             break
+        batches += 1
         inputs = batch[0] if isinstance(batch, tuple) else batch
         with record_attention(targets) as calls:
             model(inputs, training=False)
@@ -127,6 +139,11 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
             )
             sums[name] = sums[name] + value
             counts[name] += present
+    if not batches:
+        raise ValueError(
+            "`dataset` must yield at least one batch of model inputs. "
+            f"Received: dataset={dataset!r}, which yielded none"
+        )
     per_head = {
         name: np.asarray(sums[name]) / max(counts[name], 1.0) for name in sums
     }

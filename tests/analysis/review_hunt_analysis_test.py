@@ -32,6 +32,18 @@ class KeyQueryMMDArgumentsTest(TestCase):
         ):
             key_query_mmd(_attention_model(), [x, x], **kwargs)
 
+    def test_no_attention_layer_or_no_batch_is_an_error_not_zero(self):
+        # Both returned a total of 0.0, which reads as perfect alignment.
+        inputs = keras.Input((5, 8))
+        dense = keras.Model(inputs, keras.layers.Dense(4)(inputs))
+        x = np.ones((2, 5, 8), "float32")
+        with self.assertRaisesRegex(ValueError, "`model` must contain"):
+            key_query_mmd(dense, [x])
+        with self.assertRaisesRegex(ValueError, "`dataset` must yield"):
+            key_query_mmd(_attention_model(), [])
+        with self.assertRaisesRegex(ValueError, "`dataset` must yield"):
+            key_query_mmd(_attention_model(), iter([]))
+
     def test_bandwidth_checked_on_an_empty_dataset(self):
         with self.assertRaisesRegex(ValueError, "bandwidth"):
             key_query_mmd(_attention_model(), [], bandwidth=0.0)
