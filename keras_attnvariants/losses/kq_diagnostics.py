@@ -94,8 +94,10 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
         dict: `{"per_head": {layer_label: array (N,)}, "total": float}`
         (label: the layer name, `name_<i>` for the i-th attention layer
         when several share a name, as in keras-hub backbones);
-        `per_head` is averaged over the examples that have a real token,
-        `total` sums it over heads and layers (the paper's figure).
+        `per_head` is averaged over the examples that have a real token
+        (NaN for a layer with no such example: never called, or called
+        only on padding), `total` sums it over heads and the measured
+        layers (the paper's figure; NaN when no layer was measured).
 
     Raises:
         ValueError: for a model without attention layers or a dataset with
@@ -144,10 +146,20 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
             "`dataset` must yield at least one batch of model inputs. "
             f"Received: dataset={dataset!r}, which yielded none"
         )
+    # A layer with no measured example (never called, or only on padding)
+    # gets NaN heads, not 0 (which reads as aligned), and stays out of the
+    # total; the total is NaN when no layer was measured.
+    heads = {labels[id(layer)]: layer.num_heads for layer in targets}
     per_head = {
-        name: np.asarray(sums[name]) / max(counts[name], 1.0) for name in sums
+        name: (
+            np.asarray(sums[name]) / counts[name]
+            if counts[name]
+            else np.full(heads[name], np.nan)
+        )
+        for name in sums
     }
-    total = float(sum(np.sum(v) for v in per_head.values()))
+    measured = [v for name, v in per_head.items() if counts[name]]
+    total = float(sum(np.sum(v) for v in measured)) if measured else np.nan
     return {"per_head": per_head, "total": total}
 
 

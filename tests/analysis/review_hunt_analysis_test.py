@@ -44,6 +44,40 @@ class KeyQueryMMDArgumentsTest(TestCase):
         with self.assertRaisesRegex(ValueError, "`dataset` must yield"):
             key_query_mmd(_attention_model(), iter([]))
 
+    def test_a_layer_never_measured_is_nan_and_out_of_the_total(self):
+        # A layer that never ran (or ran only on padding) reported MMD 0
+        # (scalar, not per head), which reads as aligned.
+        class OneUsed(keras.Model):
+            def __init__(self):
+                super().__init__()
+                self.used = keras.layers.MultiHeadAttention(2, 4, name="used")
+                self.idle = keras.layers.MultiHeadAttention(3, 4, name="idle")
+
+            def call(self, x):
+                return self.used(x, x)
+
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(2, 5, 8)).astype("float32")
+        model = OneUsed()
+        model(x)
+        got = key_query_mmd(model, [x])
+        self.assertEqual(got["per_head"]["idle"].shape, (3,))
+        self.assertTrue(np.isnan(got["per_head"]["idle"]).all())
+        used = got["per_head"]["used"]
+        self.assertEqual(used.shape, (2,))
+        self.assertTrue(np.isfinite(used).all())
+        self.assertGreater(float(np.sum(used)), 0.0)
+        self.assertAllClose(got["total"], float(np.sum(used)))
+        # Only padding everywhere: nothing measured, total NaN.
+        padding = np.zeros((2, 5), bool)
+        inputs = keras.Input((5, 8))
+        mask = keras.Input((5,), dtype="bool")
+        attention = keras.layers.MultiHeadAttention(2, 4)
+        out = attention(inputs, inputs, attention_mask=mask[:, None, :])
+        masked = keras.Model([inputs, mask], out)
+        got = key_query_mmd(masked, [[x, padding]])
+        self.assertTrue(np.isnan(got["total"]))
+
     def test_bandwidth_checked_on_an_empty_dataset(self):
         with self.assertRaisesRegex(ValueError, "bandwidth"):
             key_query_mmd(_attention_model(), [], bandwidth=0.0)
