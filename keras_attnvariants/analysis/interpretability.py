@@ -36,7 +36,7 @@ def attention_importance(attentions, mask=None, query_mask=None):
         )
     total = 0.0
     for z in attentions:
-        z = np.asarray(ops.convert_to_numpy(ops.cast(z, "float32")))
+        z = as_numpy(ops.cast(z, "float32"))
         if z.ndim not in (3, 4):
             raise ValueError(
                 "Each of `attentions` must be (B, N, T, S) or (B, T, S). "
@@ -70,7 +70,7 @@ def gradient_importance(predict, embeddings):
     Returns:
         float32 NumPy array `(B, T)`.
     """
-    h0 = np.asarray(ops.convert_to_numpy(embeddings), "float32")
+    h0 = as_numpy(embeddings, "float32")
     if h0.ndim != 3:
         raise ValueError(
             "`embeddings` must be (batch, tokens, features). "

@@ -22,6 +22,8 @@ layers with `self_attention_padding=True`) a query is real only if its
 position is a real key too, so padding never enters a cloud.
 """
 
+import itertools
+
 import numpy as np
 from keras import layers
 from keras import ops
@@ -123,9 +125,7 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
     sums = {label: 0.0 for label in labels.values()}
     counts = {label: 0.0 for label in labels.values()}
     batches = 0
-    for batch in dataset:
-        if max_batches is not None and batches >= max_batches:
-            break
+    for batch in itertools.islice(dataset, max_batches):  # None: all
         batches += 1
         inputs = batch[0] if isinstance(batch, tuple) else batch
         with record_attention(targets) as calls:
