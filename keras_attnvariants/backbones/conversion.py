@@ -257,8 +257,9 @@ def convert_in_place(backbone, attention_class, attention_kwargs):
         kwargs = attention_kwargs
         if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
             # One seed per layer: with one seed for all, every layer drew
-            # the same dropout masks and the same Gumbel noise.
-            kwargs = dict(attention_kwargs, seed=layer_seed(seed, i))
+            # the same dropout masks and the same Gumbel noise. A Python
+            # int: Keras's dropout `SeedGenerator` rejects a NumPy one.
+            kwargs = dict(attention_kwargs, seed=layer_seed(int(seed), i))
         _replace_self_attention(block, attention_class, kwargs)
 
 
@@ -278,10 +279,21 @@ def _checked_blocks(backbone):
 
 
 def _live(value):
-    """A constructor argument, deserialized if it is a serialized object."""
+    """A constructor argument, deserialized if it is a serialized object.
+
+    A serialized object is rebuilt unbuilt (its `build_config` dropped):
+    an attached loss term is then built by the first converted attention
+    layer, under that layer's path, as in `convert_backbone`. Built from
+    its `build_config` at the top level, a term with weights (the
+    `KQAlignment` adversary) had other variable paths after `from_config`
+    or a `.keras` reload (`kq_alignment/...` instead of
+    `transformer_layer_0/self_attention_layer/kq_alignment/...`), and
+    `first_layers` of a converted backbone raised `KeyError`.
+    """
     if isinstance(value, (list, tuple)):
         return [_live(item) for item in value]
     if isinstance(value, dict) and "class_name" in value:
+        value = {k: v for k, v in value.items() if k != "build_config"}
         return keras.saving.deserialize_keras_object(value)
     return value
 
@@ -539,6 +551,17 @@ def convert_backbone(
         )
     _check_attention_class(attention_class)
     _checked_blocks(backbone)
+    for reserved in ("name", "dtype"):
+        # Passed on with the layer's own name and policy: a TypeError
+        # ("multiple values for keyword argument") deep in the rebuild.
+        if reserved in attention_kwargs:
+            raise ValueError(
+                f"`{reserved}` cannot be an attention argument: every "
+                "converted layer keeps the name and dtype policy of the "
+                "layer it replaces (build the backbone with another "
+                "`dtype` to change the policy). Received: "
+                f"{reserved}={attention_kwargs[reserved]!r}"
+            )
     if attention_losses:
         if not issubclass(attention_class, VariantAttention):
             raise ValueError(

@@ -54,8 +54,16 @@ def guidance_alpha(step, alpha, decay_steps=None, warm_steps=0):
 
     `alpha_t = alpha` for `t < warm_steps`, then decays linearly and reaches
     0 at `t = warm_steps + decay_steps`; it stays 0 afterwards. With
-    `decay_steps=None` it is constant.
+    `decay_steps=None` it is constant. `alpha`, `decay_steps` (int >= 1 or
+    `None`) and `warm_steps` (int >= 0) are checked as in
+    `AttentionGuidanceRegularizer`.
     """
+    # `decay_steps=0` gave NaN at `t = warm_steps`, a negative one a
+    # constant alpha, a negative `warm_steps` a decay started early.
+    alpha = check_float("alpha", alpha, low_inclusive=True)
+    if decay_steps is not None:
+        decay_steps = check_int("decay_steps", decay_steps)
+    warm_steps = check_int("warm_steps", warm_steps, low=0)
     t = ops.cast(step, "float32")
     if decay_steps is None:
         return ops.ones_like(t) * alpha
@@ -424,10 +432,11 @@ class AttentionGuidanceRegularizer(AttentionLoss):
         alpha = self.current_alpha()
         if not head_map:
             return ops.zeros((), "float32")
-        if padding_mask is None:
-            valid = ops.ones_like(weights[:, 0, 0, :], dtype="bool")
-        else:
-            valid = ops.cast(padding_mask, "bool")
+        # valid: (B, T). A (1, T) mask is broadcast to the batch: "mean"
+        # divided the batch's squared errors by one example's pairs.
+        valid = ops.ones_like(weights[:, 0, 0, :], dtype="bool")
+        if padding_mask is not None:
+            valid = ops.logical_and(valid, ops.cast(padding_mask, "bool"))
         valid_f = ops.cast(valid, "float32")
         # pair: (B, 1, T, T), real (query, key) pairs.
         pair = ops.expand_dims(

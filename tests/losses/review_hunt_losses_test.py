@@ -1,0 +1,54 @@
+import numpy as np
+from absl.testing import parameterized
+
+from keras_attnvariants.losses.attention_guidance import (
+    AttentionGuidanceRegularizer,
+)
+from keras_attnvariants.losses.attention_guidance import guidance_alpha
+from keras_attnvariants.testing.test_case import TestCase
+
+
+class GuidanceReviewTest(TestCase):
+    @parameterized.parameters("sum", "mean")
+    def test_one_padding_mask_for_the_batch_equals_a_repeated_one(
+        self, reduction
+    ):
+        # A (1, T) mask is accepted for (B, N, T, T) weights; "mean"
+        # divided the squared errors of all B examples by one example's
+        # valid pairs (B times the value of the repeated (B, T) mask).
+        rng = np.random.default_rng(0)
+        weights = rng.random((3, 2, 4, 4)).astype("float32")
+        weights /= weights.sum(-1, keepdims=True)
+        mask = np.array([[True, True, True, False]])
+        term = AttentionGuidanceRegularizer(
+            {0: "next", 1: "first"},
+            alpha=1.0,
+            reduction=reduction,
+            track_metric=False,
+        )
+        self.assertAllClose(
+            term(weights, padding_mask=mask),
+            term(weights, padding_mask=np.repeat(mask, 3, axis=0)),
+        )
+
+    @parameterized.parameters(
+        ({"decay_steps": 0}, "decay_steps=0"),
+        ({"decay_steps": -5}, "decay_steps=-5"),
+        ({"decay_steps": 2.5}, "decay_steps=2.5"),
+        ({"warm_steps": -3}, "warm_steps=-3"),
+        ({"alpha": float("nan")}, "alpha=nan"),
+    )
+    def test_guidance_alpha_rejects_bad_schedules(self, kwargs, message):
+        # decay_steps=0 gave NaN at t = warm_steps, -5 a constant alpha,
+        # warm_steps=-3 a decay started three steps early.
+        kwargs = {"alpha": 1.0, **kwargs}
+        with self.assertRaisesRegex(ValueError, message):
+            guidance_alpha(0, **kwargs)
+
+    def test_guidance_alpha_numpy_scalars(self):
+        self.assertAllClose(
+            guidance_alpha(
+                2, np.float32(2.0), np.int64(4), warm_steps=np.int64(1)
+            ),
+            1.5,
+        )
