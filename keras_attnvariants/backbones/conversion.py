@@ -562,6 +562,15 @@ def convert_backbone(
                 "`dtype` to change the policy). Received: "
                 f"{reserved}={attention_kwargs[reserved]!r}"
             )
+    if attention_losses is not None and not isinstance(
+        attention_losses, (list, tuple)
+    ):
+        # A single term raised `TypeError` (not iterable) in `list()`.
+        raise ValueError(
+            "`attention_losses` must be a list of "
+            "`keras_attnvariants.losses.AttentionLoss` instances. "
+            f"Received: attention_losses={attention_losses!r}"
+        )
     if attention_losses:
         if not issubclass(attention_class, VariantAttention):
             raise ValueError(

@@ -123,7 +123,8 @@ class DoublyNormalizedAttention(VariantAttention):
             padded queries too (self-attention). Defaults to `False`.
         attention_path: `"auto"`, `"explicit"` or `"fused"`. Defaults to
             `"auto"`.
-        **kwargs: every other `keras.layers.MultiHeadAttention` argument.
+        **kwargs: every other `keras.layers.MultiHeadAttention` argument
+            (see `VariantAttention`).
 
     Call arguments:
         Those of `keras.layers.MultiHeadAttention`.

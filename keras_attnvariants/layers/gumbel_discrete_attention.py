@@ -134,7 +134,8 @@ class GumbelDiscreteAttention(VariantAttention):
         attention_losses, self_attention_padding, attention_path: as in
             `VariantAttention` (`attention_path` is ignored: the weights
             are always sampled explicitly).
-        **kwargs: every other `keras.layers.MultiHeadAttention` argument.
+        **kwargs: every other `keras.layers.MultiHeadAttention` argument
+            (see `VariantAttention`).
 
     Call arguments:
         Those of `keras.layers.MultiHeadAttention`.

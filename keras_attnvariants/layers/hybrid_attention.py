@@ -54,7 +54,8 @@ class HybridAttention(VariantAttention):
             Defaults to `1`.
         attention_losses, self_attention_padding, attention_path: as in
             `DoublyNormalizedAttention`.
-        **kwargs: every other `keras.layers.MultiHeadAttention` argument.
+        **kwargs: every other `keras.layers.MultiHeadAttention` argument
+            (see `VariantAttention`).
 
     Call arguments:
         Those of `keras.layers.MultiHeadAttention`.

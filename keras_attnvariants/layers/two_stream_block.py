@@ -1,6 +1,7 @@
 """`TwoStreamBlock`: one layer of the two-stream transformer."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attnvariants.layers.gumbel_discrete_attention import (
@@ -221,6 +222,9 @@ class TwoStreamBlock(keras.layers.Layer):
             self.model_ffn = ffn("model")
 
     def build(self, input_shape):
+        # Checked first: a build that raised after adding the temperature
+        # left it behind, and the next build added a second one.
+        self._check_input_shape(input_shape)
         self.temperature = self.add_weight(
             name="temperature",
             shape=(),
@@ -229,7 +233,6 @@ class TwoStreamBlock(keras.layers.Layer):
             trainable=False,
             autocast=False,
         )
-        self._check_input_shape(input_shape)
         shape = input_shape[0] if self.mode == "two_stream" else input_shape
         shape = tuple(shape)
         heads = (*shape[:-1], self.num_heads, self.d_model // self.num_heads)
@@ -282,20 +285,38 @@ class TwoStreamBlock(keras.layers.Layer):
         else:
             self.initial_temperature = float(value)
 
+    def _check_padding_mask(self, padding_mask, x):
+        """`ValueError` unless `padding_mask` is `(B, T)` for `x`."""
+        # A nested list (no `.shape`) is taken as it was before this check.
+        if hasattr(padding_mask, "shape"):
+            shape = tuple(padding_mask.shape)
+        else:
+            shape = np.shape(padding_mask)
+        lengths = {shape[-1], x.shape[1]} - {None} if shape else set()
+        if len(shape) != 2 or len(lengths) > 1:
+            raise ValueError(
+                f"`padding_mask` must be `(B, T={x.shape[1]})` booleans. "
+                f"Received: padding_mask.shape={shape}"
+            )
+
+    def _check_call_arguments(self, inputs, padding_mask, view):
+        """`ValueError` for a bad `view`, stream or `padding_mask` shape."""
+        check_int("view", view, low=0, high=self.num_controllers - 1)
+        self._check_input_shape(
+            keras.tree.map_structure(lambda x: tuple(x.shape), inputs)
+        )
+        if padding_mask is not None:
+            g = inputs[0] if self.mode == "two_stream" else inputs
+            self._check_padding_mask(padding_mask, g)
+
     def _mask(self, x, padding_mask, use_causal_mask, keras_mask):
         """`(B, 1, T, T)` booleans or `None`."""
         if padding_mask is None:
             # Keras masks of the streams, e.g. from `Embedding(mask_zero=True)`.
             padding_mask = merge_masks(*keras.tree.flatten(keras_mask))
         else:
+            self._check_padding_mask(padding_mask, x)
             padding_mask = ops.cast(padding_mask, "bool")
-            shape = tuple(padding_mask.shape)
-            lengths = {shape[-1], x.shape[1]} - {None}
-            if len(shape) != 2 or len(lengths) > 1:
-                raise ValueError(
-                    f"`padding_mask` must be `(B, T={x.shape[1]})` booleans. "
-                    f"Received: padding_mask.shape={shape}"
-                )
         mask = None
         if padding_mask is not None:
             valid = padding_mask
@@ -349,10 +370,7 @@ class TwoStreamBlock(keras.layers.Layer):
         training=None,
         mask=None,
     ):
-        check_int("view", view, low=0, high=self.num_controllers - 1)
-        self._check_input_shape(
-            keras.tree.map_structure(lambda x: tuple(x.shape), inputs)
-        )
+        self._check_call_arguments(inputs, padding_mask, view)
         parts = self.controllers[view]
         g = inputs[0] if self.mode == "two_stream" else inputs
         mask = self._mask(g, padding_mask, use_causal_mask, mask)
@@ -386,7 +404,10 @@ class TwoStreamBlock(keras.layers.Layer):
         # The streams keep their Keras masks; `z` has none.
         return previous_mask, None
 
-    def compute_output_spec(self, inputs, **kwargs):
+    def compute_output_spec(self, inputs, padding_mask=None, view=0, **kwargs):
+        # A functional model with a bad `view` or `padding_mask` was built,
+        # and failed only when it ran.
+        self._check_call_arguments(inputs, padding_mask, view)
         g = inputs[0] if self.mode == "two_stream" else inputs
         batch, length = g.shape[0], g.shape[1]
         z = keras.KerasTensor(

@@ -276,7 +276,13 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
             return None
         return ops.not_equal(token_ids, 0)
 
-    def compute_output_spec(self, token_ids, return_attention=False, **kwargs):
+    def compute_output_spec(
+        self, token_ids, view=0, return_attention=False, **kwargs
+    ):
+        # A functional model with a bad `view` was built, and failed only
+        # when it ran.
+        check_int("view", view, low=0, high=self.num_views - 1)
+        self._check_shape(tuple(token_ids.shape))
         batch, length = token_ids.shape
         h = keras.KerasTensor((batch, length, self.d_model), self.compute_dtype)
         if not return_attention:

@@ -16,6 +16,7 @@ from keras_attnvariants.ops.masking import self_attention_padding_mask
 from keras_attnvariants.ops.noise import dropout_multipliers
 from keras_attnvariants.ops.noise import positional_dropout
 from keras_attnvariants.validation import check_bool
+from keras_attnvariants.validation import check_seed
 
 ATTENTION_PATHS = ("auto", "explicit", "fused")
 # Query (B, T, N, H), key and value (B, S, N, H), scores (B, N, T, S).
@@ -163,7 +164,10 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         self_attention_padding: bool. Defaults to `False`.
         attention_path: one of `"auto"`, `"explicit"`, `"fused"`. Defaults
             to `"auto"`.
-        **kwargs: every other `keras.layers.MultiHeadAttention` argument.
+        **kwargs: every other `keras.layers.MultiHeadAttention` argument,
+            except `flash_attention=True` (`ValueError`: the fused kernel
+            is chosen with `attention_path`). `seed` must be an int in
+            `[0, 2**31)` or `None`.
     """
 
     supports_causal = True
@@ -189,6 +193,16 @@ class VariantAttention(keras.layers.MultiHeadAttention):
                 "axis only: `attention_axes` must be None or (1,). "
                 f"Received: attention_axes={attention_axes}"
             )
+        if kwargs.get("flash_attention"):
+            # Keras MHA's flag: ignored here (returned scores and dropout
+            # then worked, where MHA raises), and with `dropout > 0` MHA's
+            # constructor rejected a layer whose dropout works.
+            raise ValueError(
+                f"{type(self).__name__} does not take `flash_attention`: "
+                "its fused kernel is chosen with `attention_path` "
+                '("auto", "explicit" or "fused"). Received: '
+                f"flash_attention={kwargs['flash_attention']!r}"
+            )
         if attention_path not in ATTENTION_PATHS:
             raise ValueError(
                 f"`attention_path` must be one of {ATTENTION_PATHS}. "
@@ -207,6 +221,20 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             )
         # A Python float, so that the config stays JSON.
         kwargs["dropout"] = float(dropout)
+        # It seeds the dropout masks: a seed outside [0, 2**31) failed at the
+        # first training call (JAX, PyTorch) or drew another seed's masks
+        # (TensorFlow), a NumPy int failed in Keras's `SeedGenerator`.
+        kwargs["seed"] = check_seed(kwargs.get("seed"))
+        if attention_losses is not None and not isinstance(
+            attention_losses, (list, tuple)
+        ):
+            # A single term raised `TypeError` (not iterable); a string was
+            # split into characters.
+            raise ValueError(
+                "`attention_losses` must be a list of "
+                "`keras_attnvariants.losses.AttentionLoss` instances. "
+                f"Received: attention_losses={attention_losses!r}"
+            )
         self_attention_padding = check_bool(
             "self_attention_padding", self_attention_padding
         )
@@ -247,11 +275,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         self._check_call_masks(
             query, value, key, query_mask, value_mask, key_mask, attention_mask
         )
-        if use_causal_mask and not self.supports_causal:
-            raise ValueError(
-                f"{type(self).__name__} is not causal: "
-                f"{self.causal_error_reason} Received: use_causal_mask=True"
-            )
+        self._check_causal(use_causal_mask)
         if query_mask is not None:
             # Keras MHA replaces `query_mask` by the Keras mask of `query`,
             # so one passed by keyword was dropped (padded queries then
@@ -285,6 +309,14 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             for tensor, mask in input_masks:
                 if mask is not None:
                     set_keras_mask(tensor, mask)
+
+    def _check_causal(self, use_causal_mask):
+        """`ValueError` for `use_causal_mask=True` on a non-causal layer."""
+        if use_causal_mask and not self.supports_causal:
+            raise ValueError(
+                f"{type(self).__name__} is not causal: "
+                f"{self.causal_error_reason} Received: use_causal_mask=True"
+            )
 
     def _check_call_masks(
         self,
@@ -323,6 +355,8 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             kwargs.get("key_mask"),
             kwargs.get("attention_mask"),
         )
+        # A functional model was built, and failed only when it ran.
+        self._check_causal(kwargs.get("use_causal_mask", False))
         output = super().compute_output_spec(
             query, value, key, return_attention_scores=False
         )

@@ -64,3 +64,11 @@ class ConversionReviewTest(TestCase):
                 convert_backbone(
                     bert(), keras.layers.MultiHeadAttention, **{name: value}
                 )
+
+    def test_single_term_not_in_a_list_raises_value_error(self):
+        # `list(term)` raised TypeError: a Layer is not iterable.
+        term = kav.KQAlignment(method="mmd")
+        with self.assertRaisesRegex(
+            ValueError, "`attention_losses` must be a list.*Received"
+        ):
+            convert_backbone(bert(), kav.HybridAttention, attention_losses=term)
