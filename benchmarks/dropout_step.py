@@ -11,11 +11,19 @@ ratios to keras MHA with dropout). Rows:
 
 - keras MHA, dropout: the reference.
 - keras MHA, no dropout: what the reference's dropout costs.
-- softmax (`HybridAttention(hybrid_init=0.0)`, exactly MHA's attention)
-  with this package's dropout: folded into the value product (the
-  default), on written-out weights, and with Keras's `Dropout` swapped in
-  on written-out weights: the two dropouts side by side on one layer.
+- softmax (`HybridAttention(hybrid_init=0.0)`: MHA's weights, but computed
+  as a hybrid with share 0, both normalizations and the mix, so its step
+  is not keras MHA's) without dropout, and with this package's dropout:
+  folded into the value product (the default), on written-out weights,
+  and with Keras's `Dropout` swapped in on written-out weights: the two
+  dropouts side by side on one layer.
 - DNAS, HNAS and Gumbel (relaxed) with this package's dropout.
+
+A second table gives what each dropout costs: the median over repeats of
+the step time with dropout over the same layer's without it in the same
+repeat (keras MHA over keras MHA, the softmax rows over "softmax, no
+dropout"). Comparing the softmax rows with keras MHA without dropout
+instead would count the hybrid layer's own overhead as dropout's.
 
 TensorFlow backend with XLA (`tf.function(jit_compile=True)`) unless
 `--no-xla`.
@@ -41,6 +49,7 @@ tf.get_logger().setLevel("ERROR")
 # `benchmarks/` is sys.path[0] when this script runs.
 from harness import check_step_args  # noqa: E402
 from harness import compiled_train_step  # noqa: E402
+from harness import length_table  # noqa: E402
 from harness import load_average  # noqa: E402
 from harness import machine_summary  # noqa: E402
 from harness import median_ratio  # noqa: E402
@@ -67,6 +76,16 @@ FOLDED = "softmax, this package's dropout"
 KERAS_DROPOUT = "softmax, Keras Dropout"
 # The package's dropout on materialized weights (folding turned off).
 MATERIALIZED = "softmax, this package's dropout, weights written out"
+# The same softmax layer without dropout: the baseline of the three above.
+NO_DROPOUT = "softmax, no dropout"
+MHA_NO_DROPOUT = "keras MHA, no dropout"
+# Dropout cost: `row with dropout -> the same layer without dropout`.
+COST_BASELINES = {
+    REFERENCE: MHA_NO_DROPOUT,
+    FOLDED: NO_DROPOUT,
+    MATERIALIZED: NO_DROPOUT,
+    KERAS_DROPOUT: NO_DROPOUT,
+}
 
 
 def make_layer(label, heads, key_dim, rate):
@@ -74,8 +93,10 @@ def make_layer(label, heads, key_dim, rate):
     common = {"num_heads": heads, "key_dim": key_dim, "seed": 0}
     if label == REFERENCE:
         return keras.layers.MultiHeadAttention(dropout=rate, **common)
-    if label == "keras MHA, no dropout":
+    if label == MHA_NO_DROPOUT:
         return keras.layers.MultiHeadAttention(**common)
+    if label == NO_DROPOUT:
+        return HybridAttention(hybrid_init=0.0, **common)
     if label in (FOLDED, MATERIALIZED, KERAS_DROPOUT):
         return HybridAttention(hybrid_init=0.0, dropout=rate, **common)
     if label == "DNAS":
@@ -87,7 +108,8 @@ def make_layer(label, heads, key_dim, rate):
 
 LABELS = (
     REFERENCE,
-    "keras MHA, no dropout",
+    MHA_NO_DROPOUT,
+    NO_DROPOUT,
     FOLDED,
     MATERIALIZED,
     KERAS_DROPOUT,
@@ -95,6 +117,32 @@ LABELS = (
     "HNAS",
     "Gumbel (relaxed)",
 )
+
+
+def dropout_costs(times):
+    """`{row with dropout: median over repeats of its time over the same
+    layer's time without dropout in the same repeat}` (`COST_BASELINES`)."""
+    return {
+        label: median_ratio(times, label, baseline)
+        for label, baseline in COST_BASELINES.items()
+    }
+
+
+def cost_table(costs):
+    """`{length: dropout_costs(...)}` as a table, one row per
+    `COST_BASELINES` pair."""
+    rows = {
+        f"{label} / {base}": label for label, base in COST_BASELINES.items()
+    }
+
+    def cell(row, length):
+        return f"{costs[length][rows[row]]:.2f}x"
+
+    return length_table(
+        "train, with dropout / the same layer without",
+        {length: dict.fromkeys(rows) for length in costs},
+        cell,
+    )
 
 
 def keras_dropout(layer):
@@ -157,7 +205,7 @@ def main(argv=None):
     random.seed(0)
     keras.utils.set_random_seed(0)
     machine = machine_summary()
-    results = {}
+    results, costs = {}, {}
     for length in args.lengths:
         x = tf.constant(
             np.random.default_rng(0).normal(
@@ -178,6 +226,7 @@ def main(argv=None):
             )
             for label in LABELS
         }
+        costs[length] = dropout_costs(times)
         print(f"[S={length}: {steps} steps/timing]", file=sys.stderr)
     lines = [
         f"Attention dropout {args.rate}, train step, B={args.batch}, "
@@ -192,6 +241,8 @@ def main(argv=None):
         ratio_table(
             "train, ratio to keras MHA with dropout", results, REFERENCE
         ),
+        "",
+        cost_table(costs),
     ]
     write_report("\n".join(lines) + "\n", args.output)
 

@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 from harness import cpu_allocator  # noqa: E402
 from harness import device_name  # noqa: E402
 from harness import host_flops  # noqa: E402
+from harness import load_average_1min  # noqa: E402
 from harness import machine_summary  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
@@ -202,6 +203,10 @@ def main(argv=None):
     args = parse_args(argv)
     keras.config.set_dtype_policy(args.dtype_policy)
     repeats, steps = args.repeats, args.steps
+    # The machine as the timing found it: read after the run, the load
+    # average counted this script's own work (and the FLOP counts'
+    # compiles) as the machine's, and the date was the end's.
+    host = machine()
 
     batch = padded_batch(args)
 
@@ -218,6 +223,8 @@ def main(argv=None):
     for call in calls.values():
         warm_up(call)  # trace, compile and warm up
     times = time_alternating(calls, repeats, steps)
+    after = load_average_1min()  # before the FLOP counts compile
+    after = "unknown" if after is None else f"{after:.2f}"
     flops = {
         name: train_step_flops(model, batch) for name, model in models.items()
     }
@@ -225,7 +232,7 @@ def main(argv=None):
     lines = [
         f"KQAlignment train-step overhead: backend {keras.backend.backend()}"
         f", jit_compile={args.jit_compile}, {args.dtype_policy}, "
-        f"{machine()}.",
+        f"{host}; 1-min load average after {after}.",
         f"Model: {args.layers} blocks, hidden {args.hidden}, {args.heads} "
         f"heads x {args.hidden // args.heads}, batch {args.batch_size} x "
         f"length {args.length} (padded), {repeats} repeats x {steps} steps"
