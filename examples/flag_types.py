@@ -18,6 +18,14 @@ def positive_int(text):
     return value
 
 
+def non_negative_int(text):
+    """argparse type: an int >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def positive_float(text):
     """argparse type: a float > 0."""
     value = float(text)

@@ -45,6 +45,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from flag_types import non_negative_int  # noqa: E402
 from flag_types import positive_float  # noqa: E402
 from flag_types import positive_int  # noqa: E402
 from flag_types import seed  # noqa: E402
@@ -110,7 +111,7 @@ def parse_args(argv=None):
     parser.add_argument("--learning-rate", type=positive_float, default=5e-4)
     parser.add_argument(
         "--warmup-steps",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="linear warm-up steps, then inverse-sqrt decay (fairseq's "
         "inverse_sqrt); 0 = constant learning rate",
