@@ -102,3 +102,32 @@ def test_arithmetic_rejects_a_negative_warmup(capsys):
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "error:" in error and "--warmup-steps" in error, error
     assert example.parse_args(["--warmup-steps", "0"]).warmup_steps == 0
+
+
+def test_arithmetic_reports_overlap_and_unseen_accuracy():
+    # Train and test are i.i.d. draws (as in the thesis): at the thesis's
+    # sizes ~81% of the depth-1 test expressions are training examples,
+    # so the table also gives the accuracy on the unseen ones.
+    example = _load("thesis_multiview_arithmetic")
+    train = {"infix": np.array(["1 + 2", "3 * 4", "(1 + 2) * 3"])}
+    test = {
+        "infix": np.array(["1 + 2", "4 + 4", "(1 + 2) * 3", "2 * 2"]),
+        "depth": np.array([1, 1, 2, 1]),
+        "label": np.array([3, 3, 4, 4]),
+    }
+    seen = example.seen_in_training(train, test)
+    np.testing.assert_array_equal(seen, [True, False, True, False])
+    overlap = example.overlap_by_depth(seen, test["depth"])
+    np.testing.assert_allclose(overlap[:3], [50.0, 100 / 3, 100.0])
+    assert np.isnan(overlap[3])  # no depth-3 example
+    # Correct on the two seen examples only.
+    logits = np.eye(5)[[3, 0, 4, 0]]
+    values = example.accuracy_by_depth(
+        logits, test["label"], test["depth"], seen
+    )
+    assert values[0] == 50.0 and values[4] == 0.0
+    lines = example.table(
+        {("separate", "infix"): values}, {("separate", "infix"): 3}
+    ).splitlines()
+    assert lines[0].endswith("| unseen |")
+    assert lines[2].endswith("| 0.0 |")
