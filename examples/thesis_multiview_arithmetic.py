@@ -490,7 +490,12 @@ def plot(results, path):
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for (kind, view), measured in results.items():
-        ax.plot(DEPTHS, measured[1:], marker="o", label=f"{kind} {view}")
+        ax.plot(
+            DEPTHS,
+            measured[1 : len(DEPTHS) + 1],
+            marker="o",
+            label=f"{kind} {view}",
+        )
     ax.set_xlabel("depth")
     ax.set_ylabel("test accuracy (%)")
     ax.set_xticks(DEPTHS)

@@ -131,3 +131,13 @@ def test_arithmetic_reports_overlap_and_unseen_accuracy():
     ).splitlines()
     assert lines[0].endswith("| unseen |")
     assert lines[2].endswith("| 0.0 |")
+
+
+def test_arithmetic_plot_takes_results_with_the_unseen_column(tmp_path):
+    # The fifth ("unseen") value made `--plot` fail after all training
+    # (4 values against 3 depths).
+
+    example = _load("thesis_multiview_arithmetic")
+    path = tmp_path / "depths.png"
+    example.plot({("separate", "infix"): (50.0, 90.0, 40.0, 30.0, 20.0)}, path)
+    assert path.stat().st_size > 0

@@ -515,14 +515,17 @@ def convert_backbone(
             any attention of this package or your own (register it with
             `keras.saving.register_keras_serializable` to reload `.keras`
             files).
-        attention_losses: list of `AttentionLoss` attached to every
-            converted layer (one shared instance per term, so each term is
-            one metric in `fit`); needs an attention class of this package.
+        attention_losses: list (or tuple) of `AttentionLoss` attached to
+            every converted layer (one shared instance per term, so each
+            term is one metric in `fit`); needs an attention class of this
+            package. A single term not in a list raises `ValueError`.
             Defaults to `None`.
         **attention_kwargs: constructor arguments of `attention_class`
-            (e.g. `hybrid_init=0.0`). An int `seed` seeds the `i`-th
-            converted layer with `(seed + i) % 2**31`, so that layers do not
-            share dropout masks or Gumbel noise.
+            (e.g. `hybrid_init=0.0`), except `name` and `dtype`
+            (`ValueError`: every converted layer keeps the name and dtype
+            policy of the layer it replaces). An int `seed` seeds the
+            `i`-th converted layer with `(seed + i) % 2**31`, so that
+            layers do not share dropout masks or Gumbel noise.
 
     Returns:
         The converted backbone.

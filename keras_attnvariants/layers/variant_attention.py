@@ -1,6 +1,7 @@
 """`VariantAttention`: the shared base of this package's attention layers."""
 
 import numbers
+import warnings
 
 import keras
 import numpy as np
@@ -15,6 +16,7 @@ from keras_attnvariants.ops.masking import merge_masks
 from keras_attnvariants.ops.masking import self_attention_padding_mask
 from keras_attnvariants.ops.noise import dropout_multipliers
 from keras_attnvariants.ops.noise import positional_dropout
+from keras_attnvariants.validation import SEED_LIMIT
 from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_seed
 
@@ -164,10 +166,13 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         self_attention_padding: bool. Defaults to `False`.
         attention_path: one of `"auto"`, `"explicit"`, `"fused"`. Defaults
             to `"auto"`.
-        **kwargs: every other `keras.layers.MultiHeadAttention` argument,
-            except `flash_attention=True` (`ValueError`: the fused kernel
-            is chosen with `attention_path`). `seed` must be an int in
-            `[0, 2**31)` or `None`.
+        **kwargs: every other `keras.layers.MultiHeadAttention` argument.
+            `flash_attention` must be `None` or `False` and has no effect
+            (`True` raises `ValueError`): the kernel is chosen with
+            `attention_path`. `seed` must be an int in `[0, 2**31)` or
+            `None`; a saved config with a seed outside that range (DNAS
+            and HNAS took any int before 2026-11-25) loads with the seed
+            wrapped into it, with a warning.
     """
 
     supports_causal = True
@@ -198,9 +203,9 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             # then worked, where MHA raises), and with `dropout > 0` MHA's
             # constructor rejected a layer whose dropout works.
             raise ValueError(
-                f"{type(self).__name__} does not take `flash_attention`: "
-                "its fused kernel is chosen with `attention_path` "
-                '("auto", "explicit" or "fused"). Received: '
+                f"{type(self).__name__}: `flash_attention` must be None or "
+                "False (its kernel is chosen with `attention_path`: "
+                '"auto", "explicit" or "fused"). Received: '
                 f"flash_attention={kwargs['flash_attention']!r}"
             )
         if attention_path not in ATTENTION_PATHS:
@@ -623,6 +628,22 @@ class VariantAttention(keras.layers.MultiHeadAttention):
     @classmethod
     def from_config(cls, config):
         config = dict(config)
+        seed = config.get("seed")
+        if (
+            isinstance(seed, numbers.Integral)
+            and not isinstance(seed, bool)
+            and not 0 <= seed < SEED_LIMIT
+        ):
+            # Saved before seeds were checked (DNAS and HNAS took any int on
+            # TensorFlow): loaded with the seed wrapped into range, as
+            # `convert_backbone` wraps per-layer seeds.
+            warnings.warn(
+                f"{cls.__name__}: seed={seed} in a saved config is outside "
+                f"[0, 2**31); loading it with seed={seed % SEED_LIMIT}. Its "
+                "dropout masks differ from those it was trained with.",
+                stacklevel=2,
+            )
+            config["seed"] = seed % SEED_LIMIT
         config["attention_losses"] = [
             keras.saving.deserialize_keras_object(term)
             for term in config.get("attention_losses") or []

@@ -30,12 +30,10 @@ def make(name, **kwargs):
 
 
 class AttentionArgumentsTest(TestCase, parameterized.TestCase):
-    @parameterized.named_parameters(
-        ("single_term", "term"), ("int", 5), ("string", "abc")
-    )
+    @parameterized.named_parameters(("single_term", "term"), ("int", 5))
     def test_attention_losses_not_a_list_raises_value_error(self, value):
         # A single term (not in a list) raised `TypeError: ... not
-        # iterable`; a string was split into characters.
+        # iterable`.
         if value == "term":
             value = AttentionGuidanceRegularizer({0: "prev"}, alpha=0.1)
         for name in LAYERS:
@@ -83,11 +81,15 @@ class AttentionArgumentsTest(TestCase, parameterized.TestCase):
         # is enabled" although these layers' dropout works.
         for dropout in (0.0, 0.1):
             with self.assertRaisesRegex(
-                ValueError, "flash_attention.*attention_path.*Received"
+                ValueError,
+                "`flash_attention` must be None or False.*attention_path.*"
+                "Received: flash_attention=True",
             ):
                 make(name, flash_attention=True, dropout=dropout)
-        # `False` (never use a flash kernel) is accepted.
+        # `None` and `False` are accepted (and have no effect: the kernel
+        # is chosen with `attention_path`).
         make(name, flash_attention=False, dropout=0.1)
+        make(name, flash_attention=None, dropout=0.1)
 
 
 class SymbolicCallValidationTest(TestCase, parameterized.TestCase):
@@ -171,3 +173,19 @@ class TwoStreamBlockBuildTest(TestCase):
         self.assertAllClose(h1, h2)
         with self.assertRaisesRegex(ValueError, "`padding_mask` must be"):
             block((x, x), padding_mask=[[1, 1, 1, 0]] * 2)
+
+
+class LegacySeedTest(TestCase, parameterized.TestCase):
+    @parameterized.named_parameters(("dnas", "dnas"), ("hnas", "hnas"))
+    def test_saved_config_with_a_seed_outside_the_range_loads(self, name):
+        # DNAS and HNAS took any int seed before seeds were checked (on
+        # TensorFlow they trained and saved with seed=-1); such configs
+        # must still load, with the seed wrapped into [0, 2**31).
+        layer = make(name, dropout=0.1)
+        config = dict(layer.get_config(), seed=-1)
+        with self.assertWarnsRegex(UserWarning, "seed=-1.*seed=2147483647"):
+            loaded = type(layer).from_config(config)
+        self.assertEqual(loaded.get_config()["seed"], 2**31 - 1)
+        x = np.ones((1, 3, 6), "float32")
+        out = keras.ops.convert_to_numpy(loaded(x, x, training=True))
+        self.assertTrue(np.isfinite(out).all())
