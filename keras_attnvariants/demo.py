@@ -227,15 +227,25 @@ def evaluate(model, backbone, variant, task, batch):
     }
 
 
-def run_variant(variant, task, size, strategy, jit_compile):
-    _, _, _, batch, epochs, _ = SIZES[size]
-    n = task["n_train"]
-    steps = epochs * -(-n // batch)
+def build_variant(variant, task, steps, strategy, jit_compile):
+    """`(backbone, model)` of `variant`. Every variant's classifier head
+    starts from the same weights: the seed is set again after the
+    conversion, in which a loss term's adversary (`hnas+kq`) and the new
+    layers' dropout draw from the global seed."""
     keras.utils.set_random_seed(0)
     with strategy.scope():
         base = task["backbone"]()
         backbone = convert(base, variant, base.num_heads, steps)
+        keras.utils.set_random_seed(0)
         model = build_classifier(backbone, task["learning_rate"], jit_compile)
+    return backbone, model
+
+
+def run_variant(variant, task, size, strategy, jit_compile):
+    _, _, _, batch, epochs, _ = SIZES[size]
+    n = task["n_train"]
+    steps = epochs * -(-n // batch)
+    backbone, model = build_variant(variant, task, steps, strategy, jit_compile)
     train = {k: v[:n] for k, v in task["features"].items()}
     timer = StepTimer()
     print(f"\n[demo] fine-tuning: {variant}")

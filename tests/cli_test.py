@@ -100,6 +100,32 @@ def test_demo_key_totals_leave_out_padded_queries():
     )
 
 
+def test_demo_variants_start_from_the_same_classifier_head():
+    # The seed was set once before the conversion, in which the CT term's
+    # adversary (hnas+kq) and the new layers' dropout drew from the global
+    # seed: that variant's head started from other weights than the rest.
+    pytest.importorskip("keras_hub")
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_attnvariants import demo
+    from keras_attnvariants.backbones import pretrained
+
+    task = {
+        "backbone": lambda: pretrained.random_bert(20, 8, seed=0),
+        "learning_rate": 1e-3,
+    }
+    heads = {}
+    for variant in ("standard", "hnas+kq", "gumbel"):
+        _, model = demo.build_variant(
+            variant, task, 4, tf.distribute.get_strategy(), False
+        )
+        heads[variant] = [w.numpy() for w in model.get_layer("head").weights]
+    for variant in ("hnas+kq", "gumbel"):
+        for got, want in zip(heads[variant], heads["standard"]):
+            np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("flag", ["--output", "--export-dir"])
 @pytest.mark.parametrize("below", [False, True])
 def test_folder_flags_reject_a_file_in_the_way(flag, below, tmp_path, capsys):
