@@ -184,11 +184,20 @@ class AttentionLoss(KeepsStepLosses, keras.layers.Layer):
         # weights would lose precision, large activations overflow).
         kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
+        # The inputs may carry a Keras mask (keras MHA's scores in a traced
+        # `fit` step): a term reads masks from its arguments, and its
+        # scalar output has none. Without this Keras warned, on every
+        # trace, that the term "will destroy the mask information".
+        self.supports_masking = True
         self.track_metric = check_bool("track_metric", track_metric)
         # `loss_tracker` is None where it could not be updated (JAX).
         self.loss_tracker = None
         if self.track_metric and keras.config.backend() != "jax":
             self.loss_tracker = keras.metrics.Mean(name=self.name)
+
+    def compute_mask(self, *args, **kwargs):
+        """None: the term's output is a scalar loss."""
+        return None
 
     def compute_loss_value(self, *args, **kwargs):
         raise NotImplementedError(

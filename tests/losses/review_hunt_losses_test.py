@@ -52,3 +52,31 @@ class GuidanceReviewTest(TestCase):
             ),
             1.5,
         )
+
+
+class MaskedInputTest(TestCase):
+    def test_a_term_called_on_masked_scores_does_not_warn(self):
+        # keras MHA's scores carry a Keras mask inside a traced `fit` step;
+        # Keras warned on every trace that the term "does not support
+        # masking and will therefore destroy the mask information".
+        import warnings
+
+        import keras
+        from keras.src.backend.common.masking import set_keras_mask
+
+        from keras_attnvariants.losses.attention_guidance import (
+            default_head_patterns,
+        )
+
+        term = AttentionGuidanceRegularizer(default_head_patterns(2), alpha=1.0)
+        weights = keras.ops.softmax(
+            keras.ops.convert_to_tensor(
+                np.random.default_rng(0).normal(size=(1, 2, 3, 3)), "float32"
+            )
+        )
+        set_keras_mask(weights, keras.ops.ones((1, 2, 3), "bool"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            value = term(weights)
+        self.assertTrue(np.isfinite(keras.ops.convert_to_numpy(value)))
+        self.assertIsNone(getattr(value, "_keras_mask", None))
