@@ -27,7 +27,7 @@ def _same(a, b):
     return a is None or b is None or a == b
 
 
-def kq_projections(mha, query, key=None):
+def kq_projections(mha, query, key=None, value=None):
     """Projected queries and keys of a `keras.layers.MultiHeadAttention`.
 
     For plain Keras MHA layers, which have no `attention_losses`: returns
@@ -47,13 +47,19 @@ def kq_projections(mha, query, key=None):
         mha: a built or unbuilt `keras.layers.MultiHeadAttention`.
         query: `(B, T, dim)` query input of the attention call.
         key: `(B, S, dim)` key input; defaults to `query` (self-attention).
+        value: `(B, S, dim_v)` value input; only read (for its shape) to
+            build an unbuilt `mha`. Defaults to `key`.
 
     Returns:
         `(query (B, T, N, H), key (B, S, N, H))`.
     """
     key = query if key is None else key
+    value = key if value is None else value
     if not mha.built:
-        mha.build(query.shape, key.shape)
+        # MHA's build takes (query, value, key) shapes: with the key's
+        # shape as the value's, a value of another width was then
+        # rejected by the value projection.
+        mha.build(query.shape, value.shape, key.shape)
     return mha._query_dense(query), mha._key_dense(key)
 
 

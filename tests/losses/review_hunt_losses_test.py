@@ -80,3 +80,23 @@ class MaskedInputTest(TestCase):
             value = term(weights)
         self.assertTrue(np.isfinite(keras.ops.convert_to_numpy(value)))
         self.assertIsNone(getattr(value, "_keras_mask", None))
+
+
+class KQProjectionsTest(TestCase):
+    def test_unbuilt_cross_attention_with_a_wider_value(self):
+        # The unbuilt MHA was built with the key's shape as the value's, so
+        # calling it on a value of another width failed.
+        import keras
+
+        from keras_attnvariants.losses.kq_alignment import kq_projections
+
+        mha = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3)
+        rng = np.random.default_rng(0)
+        query = rng.normal(size=(2, 4, 5)).astype("float32")
+        key = rng.normal(size=(2, 6, 7)).astype("float32")
+        value = rng.normal(size=(2, 6, 9)).astype("float32")
+        q, k = kq_projections(mha, query, key, value)
+        self.assertEqual(tuple(q.shape), (2, 4, 2, 3))
+        self.assertEqual(tuple(k.shape), (2, 6, 2, 3))
+        out = mha(query, value, key)
+        self.assertEqual(tuple(out.shape), (2, 4, 5))
