@@ -87,3 +87,17 @@ def check_seed(seed):
             f"Received: seed={seed!r}"
         )
     return int(seed)
+
+
+def check_attention_losses(attention_losses):
+    """`ValueError` unless `attention_losses` is None, a list or a tuple (a
+    single term raised `TypeError`, not iterable; a string was split into
+    characters)."""
+    if attention_losses is not None and not isinstance(
+        attention_losses, (list, tuple)
+    ):
+        raise ValueError(
+            "`attention_losses` must be a list of "
+            "`keras_attnvariants.losses.AttentionLoss` instances. "
+            f"Received: attention_losses={attention_losses!r}"
+        )

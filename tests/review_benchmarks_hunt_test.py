@@ -1,32 +1,11 @@
 """Benchmark methodology bugs found in review, each with the test that
 failed before its fix (tiny shapes, seconds on a 2-core CPU)."""
 
-import importlib.util
-import os
-import pathlib
-import sys
-
 import pytest
 
-BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name):
-    """Imports `benchmarks/<name>.py`, leaving `os.environ` and `sys.path`
-    as they were (the scripts `setdefault` their backend)."""
-    environ = dict(os.environ)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            f"review_benchmarks_hunt_{name}", BENCHMARKS / f"{name}.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        os.environ.clear()
-        os.environ.update(environ)
-    return module
+# The loader of the first benchmark review (pytest puts `tests/` on the
+# path): imports a script, leaving `os.environ` and `sys.path` as they were.
+from review_benchmarks_test import _load  # noqa: E402
 
 
 def test_dropout_cost_is_measured_against_the_same_layer_without_dropout():

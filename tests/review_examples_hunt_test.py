@@ -3,37 +3,11 @@
 Each test fails without the fix it names (see the comments).
 """
 
-import importlib.util
-import pathlib
-import sys
-
 import numpy as np
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
-
-
-def _load(name):
-    # As when a script runs: `examples/` on the path for `flag_types`.
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _tiny_bert(length):
-    """A 1-layer, 8-wide keras-hub BERT over 30 token ids (random init)."""
-    import keras_hub
-
-    return keras_hub.models.BertBackbone(
-        vocabulary_size=30,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
-        max_sequence_length=length,
-    )
+# The examples' loader and tiny BERT (pytest puts `tests/` on the path).
+from examples_test import _load  # noqa: E402
+from examples_test import _tiny_bert  # noqa: E402
 
 
 def test_kq_methods_start_from_the_baseline_classifier_head():

@@ -28,6 +28,7 @@ import keras
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.losses.attention_loss import token_ids_scope
+from keras_attnvariants.validation import check_attention_losses
 from keras_attnvariants.validation import layer_seed
 
 INSTALL_HINT = "pip install 'keras-attnvariants[keras-hub]'"
@@ -565,15 +566,7 @@ def convert_backbone(
                 "`dtype` to change the policy). Received: "
                 f"{reserved}={attention_kwargs[reserved]!r}"
             )
-    if attention_losses is not None and not isinstance(
-        attention_losses, (list, tuple)
-    ):
-        # A single term raised `TypeError` (not iterable) in `list()`.
-        raise ValueError(
-            "`attention_losses` must be a list of "
-            "`keras_attnvariants.losses.AttentionLoss` instances. "
-            f"Received: attention_losses={attention_losses!r}"
-        )
+    check_attention_losses(attention_losses)
     if attention_losses:
         if not issubclass(attention_class, VariantAttention):
             raise ValueError(

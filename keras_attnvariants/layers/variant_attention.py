@@ -17,6 +17,7 @@ from keras_attnvariants.ops.masking import self_attention_padding_mask
 from keras_attnvariants.ops.noise import dropout_multipliers
 from keras_attnvariants.ops.noise import positional_dropout
 from keras_attnvariants.validation import SEED_LIMIT
+from keras_attnvariants.validation import check_attention_losses
 from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_seed
 
@@ -230,16 +231,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         # first training call (JAX, PyTorch) or drew another seed's masks
         # (TensorFlow), a NumPy int failed in Keras's `SeedGenerator`.
         kwargs["seed"] = check_seed(kwargs.get("seed"))
-        if attention_losses is not None and not isinstance(
-            attention_losses, (list, tuple)
-        ):
-            # A single term raised `TypeError` (not iterable); a string was
-            # split into characters.
-            raise ValueError(
-                "`attention_losses` must be a list of "
-                "`keras_attnvariants.losses.AttentionLoss` instances. "
-                f"Received: attention_losses={attention_losses!r}"
-            )
+        check_attention_losses(attention_losses)
         self_attention_padding = check_bool(
             "self_attention_padding", self_attention_padding
         )
