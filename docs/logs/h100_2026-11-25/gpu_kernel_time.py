@@ -23,30 +23,41 @@ def kind(name):
     return re.sub(r"[._]\d+.*", "", name)[:40]
 
 
+def kernel_times(path, steps):
+    """`(time_ms, count)` per kernel name of the compute stream of one
+    trace, per step (two Counters; empty if the trace has no GPU)."""
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    time_ms = collections.Counter()
+    count = collections.Counter()
+    for plane in space.planes:
+        if "GPU" not in plane.name:
+            continue
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        for line in plane.lines:
+            if "Compute" not in line.name:
+                continue
+            for event in line.events:
+                name = names.get(event.metadata_id, "?")
+                time_ms[name] += event.duration_ps / 1e9 / steps
+                count[name] += 1 / steps
+    return time_ms, count
+
+
 def main(steps, paths):
     for path in paths:
-        space = xplane_pb2.XSpace()
-        with open(path, "rb") as f:
-            space.ParseFromString(f.read())
-        for plane in space.planes:
-            if "GPU" not in plane.name:
-                continue
-            names = {k: v.name for k, v in plane.event_metadata.items()}
-            time_ms = collections.Counter()
-            count = collections.Counter()
-            for line in plane.lines:
-                if "Compute" not in line.name:
-                    continue
-                for event in line.events:
-                    k = kind(names.get(event.metadata_id, "?"))
-                    time_ms[k] += event.duration_ps / 1e9
-                    count[k] += 1
-            parts = "  ".join(
-                f"{k}:{ms / steps:.2f}({count[k] / steps:.0f})"
-                for k, ms in time_ms.most_common(8)
-            )
-            total = sum(time_ms.values()) / steps
-            print(f"{path.split('/')[-1]} {total:.2f} ms  {parts}")
+        by_name, launches = kernel_times(path, steps)
+        time_ms = collections.Counter()
+        count = collections.Counter()
+        for name, ms in by_name.items():
+            time_ms[kind(name)] += ms
+            count[kind(name)] += launches[name]
+        parts = "  ".join(
+            f"{k}:{ms:.2f}({count[k]:.0f})" for k, ms in time_ms.most_common(8)
+        )
+        total = sum(time_ms.values())
+        print(f"{path.split('/')[-1]} {total:.2f} ms  {parts}")
 
 
 if __name__ == "__main__":
