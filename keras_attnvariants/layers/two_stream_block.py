@@ -1,8 +1,12 @@
 """`TwoStreamBlock`: one layer of the two-stream transformer."""
 
+import contextlib
+
 import keras
 import numpy as np
 from keras import ops
+from keras.src.backend.common.masking import get_keras_mask
+from keras.src.backend.common.masking import set_keras_mask
 
 from keras_attnvariants.layers.gumbel_discrete_attention import (
     check_temperature,
@@ -24,6 +28,22 @@ from keras_attnvariants.validation import check_seed
 
 MODES = ("two_stream", "single_stream")
 MODEL_ATTENTIONS = ("discrete", "soft")
+
+
+@contextlib.contextmanager
+def _keras_masks_detached(tensors):
+    """Clears the Keras masks of `tensors` for the block, then restores
+    them."""
+    masks = [(t, get_keras_mask(t)) for t in tensors]
+    for tensor, mask in masks:
+        if mask is not None:
+            set_keras_mask(tensor, None)
+    try:
+        yield
+    finally:
+        for tensor, mask in masks:
+            if mask is not None:
+                set_keras_mask(tensor, mask)
 
 
 @keras.saving.register_keras_serializable(package="keras_attnvariants")
@@ -371,9 +391,19 @@ class TwoStreamBlock(keras.layers.Layer):
         mask=None,
     ):
         self._check_call_arguments(inputs, padding_mask, view)
-        parts = self.controllers[view]
         g = inputs[0] if self.mode == "two_stream" else inputs
         mask = self._mask(g, padding_mask, use_causal_mask, mask)
+        # `mask` holds the streams' Keras masks; the projections (which do
+        # not support masking) warned on every traced call that they would
+        # "destroy" them. Detached for the call, then put back on the
+        # caller's tensors; `compute_mask` passes them on to the outputs.
+        with _keras_masks_detached(keras.tree.flatten(inputs)):
+            return self._streams(inputs, mask, view, training)
+
+    def _streams(self, inputs, mask, view, training):
+        """`call` after the checks: the updated stream(s) and `z`."""
+        parts = self.controllers[view]
+        g = inputs[0] if self.mode == "two_stream" else inputs
         # q, k: (B, T, N, H); scores: (B, N, T, T) float32
         q = ops.cast(parts["query"](g), "float32")
         k = ops.cast(parts["key"](g), "float32")

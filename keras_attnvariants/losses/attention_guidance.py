@@ -306,9 +306,14 @@ class AttentionGuidanceRegularizer(AttentionLoss):
             # `add_weight` has no `synchronization`. The name scope gives
             # each term its own variable path: converted backbones carry
             # weights over by path, and two terms' bare "step" collided.
+            # An initializer, not a value: `fit`'s symbolic build on JAX and
+            # PyTorch is a stateless scope, which defers an initializer but
+            # refuses a concrete value (a subclassed model holding a term
+            # failed there).
             with keras.name_scope(self.name, caller=self):
                 self._step = keras.Variable(
-                    0.0,
+                    initializer="zeros",
+                    shape=(),
                     dtype="float32",
                     trainable=False,
                     synchronization="on_read",
@@ -324,8 +329,8 @@ class AttentionGuidanceRegularizer(AttentionLoss):
     def __call__(self, *args, **kwargs):
         # Called directly (not attached), the first call creates the
         # counter: a symbolic call (functional model, or `fit`'s symbolic
-        # build) does so before JAX's stateless train step, where creating
-        # a variable is an error.
+        # build, where it is initialized when that scope closes) does so
+        # before JAX's stateless train step.
         self.step  # noqa: B018
         return super().__call__(*args, **kwargs)
 
