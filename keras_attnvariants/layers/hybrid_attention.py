@@ -17,6 +17,7 @@ from keras_attnvariants.layers.doubly_normalized_attention import key_bias
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.ops.combine import hybrid_attend
 from keras_attnvariants.ops.normalization import hybrid_normalize
+from keras_attnvariants.ops.normalization import math_dtype
 from keras_attnvariants.validation import check_int
 
 
@@ -111,7 +112,12 @@ class HybridAttention(VariantAttention):
         self.hybrid_weight = self.add_weight(
             name="hybrid_weight",
             shape=(self._num_heads,),
-            initializer=keras.initializers.Constant(self.hybrid_init),
+            # `Constant` casts through float32 (a float64 `u` started at
+            # 0.30000001 for 0.3); `full` converts the value to the
+            # variable's dtype directly.
+            initializer=lambda shape, dtype: ops.full(
+                shape, self.hybrid_init, dtype
+            ),
             constraint=UnitInterval(),
             trainable=True,
             autocast=False,
@@ -125,11 +131,12 @@ class HybridAttention(VariantAttention):
         return np.clip(ops.convert_to_numpy(self.hybrid_weight), 0.0, 1.0)
 
     def _mix(self):
-        # u: (N, 1, 1), float32, clipped in case it was assigned by hand.
+        # u: (N, 1, 1), float32 (float64 under a float64 policy), clipped
+        # in case it was assigned by hand.
         # The clip passes the gradient straight through: JAX splits a
         # clip's gradient 50/50 at the bounds, which halved it at u = 0
         # (`hybrid_init=0.0`, the lossless conversion) and u = 1.
-        u = ops.cast(self.hybrid_weight, "float32")
+        u = ops.cast(self.hybrid_weight, math_dtype(self.compute_dtype))
         u = u + ops.stop_gradient(ops.clip(u, 0.0, 1.0) - u)
         return ops.reshape(u, (self._num_heads, 1, 1))
 

@@ -16,6 +16,7 @@ from keras_attnvariants.ops.masking import merge_masks
 from keras_attnvariants.ops.masking import self_attention_padding_mask
 from keras_attnvariants.ops.noise import dropout_multipliers
 from keras_attnvariants.ops.noise import positional_dropout
+from keras_attnvariants.ops.normalization import math_dtype
 from keras_attnvariants.validation import SEED_LIMIT
 from keras_attnvariants.validation import check_attention_losses
 from keras_attnvariants.validation import check_bool
@@ -422,7 +423,8 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         return type(self).normalize is not owner.normalize
 
     def attention_logits(self, query, key):
-        """float32 scores `(B, N, T, S)`, scaled like Keras MHA.
+        """float32 scores `(B, N, T, S)` (float64 under a float64 policy),
+        scaled like Keras MHA.
 
         float16 would overflow at logits above 65504, so under float16 the
         product runs in float32; bfloat16 and float32 run natively. The
@@ -439,7 +441,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             query, ops.cast(self._inverse_sqrt_key_dim, query.dtype)
         )
         scores = ops.einsum(LOGITS_EQUATION, scaled_query, key)
-        return ops.cast(scores, "float32")
+        return ops.cast(scores, math_dtype(scores.dtype))
 
     def _check_attention_mask(self, mask, query, key):
         rank = len(mask.shape)

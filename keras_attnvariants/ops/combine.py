@@ -21,10 +21,11 @@ out as a full buffer, so these sums are what the layers' step time is made
 of (docs/benchmarks.md). The gradients equal the autodiff of
 `normalize(scores) @ value` (tests/ops/combine_test.py).
 
-Layouts are Keras MultiHeadAttention's: scores `(B, N, T, S)` (float32),
-value `(B, S, N, H)`, output `(B, T, N, H)` in the value's dtype. Masks are
-boolean `(B, 1, T, S)` (or broadcastable), `True` = may attend; masked
-entries get weight 0 and a query with no valid key outputs 0.
+Layouts are Keras MultiHeadAttention's: scores `(B, N, T, S)` (float32;
+float64 ones compute in float64), value `(B, S, N, H)`, output `(B, T, N,
+H)` in the value's dtype. Masks are boolean `(B, 1, T, S)` (or
+broadcastable), `True` = may attend; masked entries get weight 0 and a
+query with no valid key outputs 0.
 """
 
 import keras
@@ -40,6 +41,7 @@ from keras_attnvariants.ops.gumbel import selection_logits
 from keras_attnvariants.ops.normalization import _column_log_normalizer
 from keras_attnvariants.ops.normalization import _prepare
 from keras_attnvariants.ops.normalization import _reduce_to_shape
+from keras_attnvariants.ops.normalization import math_dtype
 
 COMBINE_EQUATION = "bnts,bsnh->btnh"
 # `A^T dO` written with `dO` first: TensorFlow's XLA lowers the other operand
@@ -127,22 +129,25 @@ def _column_weighted(t, row):
 
 
 def _row_dot(d_out, out):
-    """`sum_h dO * O` in float32: `sum_j g_ij A_ij`, `(B, N, T, 1)`."""
-    dot = ops.sum(ops.cast(d_out, "float32") * ops.cast(out, "float32"), -1)
+    """`sum_h dO * O` in float32 (float64 for float64): `sum_j g_ij A_ij`,
+    `(B, N, T, 1)`."""
+    dtype = math_dtype(out.dtype)
+    dot = ops.sum(ops.cast(d_out, dtype) * ops.cast(out, dtype), -1)
     return ops.expand_dims(ops.transpose(dot, (0, 2, 1)), -1)
 
 
 def _column_dot(value, d_value):
-    """`sum_h V * dV` in float32: `sum_i g_ij A_ij`, `(B, N, 1, S)`."""
-    dot = ops.sum(
-        ops.cast(value, "float32") * ops.cast(d_value, "float32"), axis=-1
-    )
+    """`sum_h V * dV` in float32 (float64 for float64): `sum_i g_ij
+    A_ij`, `(B, N, 1, S)`."""
+    dtype = math_dtype(value.dtype)
+    dot = ops.sum(ops.cast(value, dtype) * ops.cast(d_value, dtype), axis=-1)
     return ops.expand_dims(ops.transpose(dot, (0, 2, 1)), -2)
 
 
 def _scores_upstream(d_out, value):
-    """`g = dO V^T` in float32, `(B, N, T, S)`."""
-    return ops.cast(ops.einsum(SCORES_EQUATION, d_out, value), "float32")
+    """`g = dO V^T` in float32 (float64 for float64), `(B, N, T, S)`."""
+    g = ops.einsum(SCORES_EQUATION, d_out, value)
+    return ops.cast(g, math_dtype(value.dtype))
 
 
 def _dropped(g, keep):
@@ -150,9 +155,9 @@ def _dropped(g, keep):
     return g if keep is None else g * keep
 
 
-def _multipliers(keep):
-    """`keep` as a float32 tensor (a NumPy array too), or `None`."""
-    return None if keep is None else ops.convert_to_tensor(keep, "float32")
+def _multipliers(keep, dtype="float32"):
+    """`keep` as a tensor of `dtype` (a NumPy array too), or `None`."""
+    return None if keep is None else ops.convert_to_tensor(keep, dtype)
 
 
 def _row_softmax_attend(scores, value, mask, column_step, keep=None):
@@ -164,7 +169,7 @@ def _row_softmax_attend(scores, value, mask, column_step, keep=None):
     `dV = (A K)^T dO`: `sum_j g K A = dO . O`, `sum_i g K A = V . dV`.
     """
     x, mask = _prepare(scores, mask)
-    keep = _multipliers(keep)
+    keep = _multipliers(keep, x.dtype)
 
     @ops.custom_gradient
     def attend(x, value):
@@ -229,9 +234,9 @@ def doubly_normalized_attend(scores, value, mask=None, keep=None):
     return _row_softmax_attend(scores, value, mask, True, keep)
 
 
-def _per_head_mix(mix, num_heads):
-    """`mix` as float32 `(N, 1, 1)`; `ValueError` for any other shape."""
-    mix = ops.cast(mix, "float32")
+def _per_head_mix(mix, num_heads, dtype="float32"):
+    """`mix` as `(N, 1, 1)` of `dtype`; `ValueError` for any other shape."""
+    mix = ops.cast(mix, dtype)
     shape = tuple(mix.shape)
     if shape not in ((), (num_heads, 1, 1), (1, 1, 1)):
         raise ValueError(
@@ -266,9 +271,9 @@ def hybrid_attend(scores, value, mix, mask=None, keep=None):
         `(B, T, N, H)` in `value`'s dtype.
     """
     num_heads = scores.shape[1]
-    mix = _per_head_mix(mix, num_heads)
     x, mask = _prepare(scores, mask)
-    keep = _multipliers(keep)
+    mix = _per_head_mix(mix, num_heads, x.dtype)
+    keep = _multipliers(keep, x.dtype)
 
     @ops.custom_gradient
     def attend(x, value, mix):

@@ -1,20 +1,31 @@
 """Attention normalizations: masked softmax, doubly-normalized, hybrid.
 
 Pure functions on `keras.ops`. Scores are `(..., T, S)`: queries on axis -2,
-keys on axis -1. Everything runs in float32 and is cast back to the scores'
-dtype. Masked entries are exactly 0; fully masked rows or columns give zeros,
-never NaN.
+keys on axis -1. Everything runs in float32 (float64 for float64 scores) and
+is cast back to the scores' dtype. Masked entries are exactly 0; fully
+masked rows or columns give zeros, never NaN.
 """
 
+import keras
 from keras import ops
 
 from keras_attnvariants.ops.masking import MASK_FILL
 from keras_attnvariants.validation import check_int
 
 
+def math_dtype(dtype):
+    """The dtype the normalizations compute in for inputs of `dtype`:
+    float64 for float64, float32 for everything else (half types are
+    raised to float32)."""
+    if keras.backend.standardize_dtype(dtype) == "float64":
+        return "float64"
+    return "float32"
+
+
 def _prepare(scores, mask):
-    """Float32 scores with masked entries at `MASK_FILL`, plus the mask."""
-    x = ops.cast(scores, "float32")
+    """Float32 (float64 for float64) scores with masked entries at
+    `MASK_FILL`, plus the mask."""
+    x = ops.cast(scores, math_dtype(scores.dtype))
     if mask is None:
         return x, None
     mask = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(x))
@@ -259,7 +270,7 @@ def hybrid_normalize(scores, mix, mask=None, iterations=1):
     """
     iterations = check_int("iterations", iterations)
     x, mask = _prepare(scores, mask)
-    mix = ops.cast(mix, "float32")
+    mix = ops.cast(mix, x.dtype)
     if iterations == 1:
         return ops.cast(_hybrid_once(x, mix, mask), scores.dtype)
     dnas = _doubly_normalize32(x, mask, iterations)
