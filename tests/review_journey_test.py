@@ -259,3 +259,46 @@ class DemoJourneyTest(TestCase):
         self.assertFalse(
             [m for m in messages if "Gradients do not exist" in m], messages
         )
+
+
+class SmallerFindingsTest(TestCase):
+    def test_receptive_fields_reject_a_mask_of_another_shape(self):
+        from keras_attnvariants.ops.receptive_field import receptive_fields
+
+        z = np.full((2, 2, 4, 4), 0.25, "float32")
+        with self.assertRaisesRegex(ValueError, r"mask.*\(2, 4\).*\(2, 3\)"):
+            receptive_fields([z], np.ones((2, 3), bool))
+        with self.assertRaisesRegex(ValueError, r"mask.*\(4,\)"):
+            receptive_fields([z], np.ones((4,), bool))
+        # The right shape still works, padding rows and columns at 0.
+        mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
+        fields = keras.ops.convert_to_numpy(receptive_fields([z], mask))
+        self.assertAllClose(fields[0, 3], np.zeros(4))
+        self.assertAllClose(fields[0, :, 3], np.zeros(4))
+
+    def test_key_query_mmd_rejects_one_batch_for_a_dataset(self):
+        from keras_attnvariants.losses.kq_diagnostics import key_query_mmd
+
+        x = keras.Input((5, 8))
+        model = keras.Model(
+            x, kav.DoublyNormalizedAttention(2, 4, seed=0)(x, x)
+        )
+        batch = np.random.default_rng(0).normal(size=(2, 5, 8))
+        self.assertGreater(key_query_mmd(model, [batch])["total"], 0.0)
+        with self.assertRaisesRegex(ValueError, "dataset.*\\[inputs\\]"):
+            key_query_mmd(model, batch)
+        with self.assertRaisesRegex(ValueError, "dataset.*dict"):
+            key_query_mmd(model, {"x": batch})
+
+    def test_variant_attention_base_class_says_what_to_do(self):
+        layer = kav.layers.VariantAttention(2, 4)
+        x = np.zeros((1, 3, 8), "float32")
+        with self.assertRaisesRegex(NotImplementedError, "base class"):
+            layer(x, x)
+
+    def test_rotten_tomatoes_seed_message_does_not_offer_none(self):
+        from keras_attnvariants.datasets.offline import rotten_tomatoes
+
+        for seed in (-1, None):
+            with self.assertRaisesRegex(ValueError, r"\[0, 2\*\*31\)\. "):
+                rotten_tomatoes(4, seed=seed)

@@ -389,7 +389,12 @@ class VariantAttention(keras.layers.MultiHeadAttention):
 
     def normalize(self, scores, mask):
         """Float32 weights `(B, N, T, S)` from float32 scores and a mask."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement `normalize`: "
+            "`VariantAttention` is a base class; use one of its subclasses "
+            "(e.g. `DoublyNormalizedAttention`) or implement `normalize` "
+            "in your own"
+        )
 
     def fused_attention(self, query, key, value, mask):
         """Attention output without materialized weights, or `None`."""

@@ -87,7 +87,9 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
 
     Args:
         model: a Keras model (or layer) containing attention layers.
-        dataset: iterable of model inputs, or of `(inputs, ...)` tuples.
+        dataset: iterable of batches: model inputs (a list is the inputs
+            of a multi-input model), or `(inputs, ...)` tuples. Not one
+            batch itself.
         bandwidth: float > 0. Gaussian kernel width. Defaults to `1.0`
             (the paper's standard kernel).
         max_batches: optional int >= 1, stop after this many batches.
@@ -109,6 +111,14 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
     # returned a total of 0, which reads as perfect alignment, and an
     # invalid `bandwidth` went unnoticed when no batch was run.
     bandwidth = check_float("bandwidth", bandwidth)
+    if isinstance(dataset, (dict, np.ndarray)) or ops.is_tensor(dataset):
+        # Iterated, a dict gave its keys and an array its rows as batches.
+        raise ValueError(
+            "`dataset` must be an iterable of batches (e.g. a list of "
+            "input dicts or a `tf.data.Dataset`); for one batch of inputs "
+            f"pass `[inputs]`. Received: dataset of type "
+            f"{type(dataset).__name__}"
+        )
     if max_batches is not None:
         max_batches = check_int("max_batches", max_batches)
     targets = attention_layers(model)

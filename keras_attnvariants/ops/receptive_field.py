@@ -27,9 +27,20 @@ from keras import ops
 
 
 def _token_mask(mask, like):
-    """float32 `(B, T)` valid-token mask (all ones when `mask` is None)."""
+    """float32 `(B, T)` valid-token mask (all ones when `mask` is None).
+
+    `ValueError` for a mask of another shape (it failed later with the
+    backend's own "Incompatible shapes")."""
     if mask is None:
         return ops.ones(ops.shape(like)[:2], "float32")
+    expected = tuple(ops.shape(like)[:2])
+    received = tuple(ops.shape(mask))
+    known = all(isinstance(d, int) for d in expected + received)
+    if len(received) != 2 or (known and received != expected):
+        raise ValueError(
+            "`mask` must be `(B, T)` booleans, "
+            f"{expected} here. Received: mask with shape {received}"
+        )
     return ops.cast(mask, "float32")
 
 
