@@ -595,16 +595,19 @@ def convert_backbone(
         "attention_kwargs": attention_kwargs,
     }
     converted = converted_class(base)
-    result = base.from_config.__func__(converted, config)
-    copy_weights_by_path(backbone, result)
     # The terms are shared by every converted layer, and Keras's
     # `trainable` setter recurses: a frozen block reached them and froze a
-    # shared adversary for every block. They keep the caller's flags.
+    # shared adversary for every block. They keep the caller's flags, read
+    # before the rebuild: on JAX the rebuild's own `trainable` assignments
+    # (each converted layer takes its block's flag) had already unfrozen a
+    # term the caller froze.
     term_flags = [
         (layer, layer.trainable)
         for term in attention_losses or []
         for layer in term._flatten_layers(include_self=True)
     ]
+    result = base.from_config.__func__(converted, config)
+    copy_weights_by_path(backbone, result)
     copy_trainable_by_path(backbone, result)
     if "trainable" in attention_kwargs:
         # Given explicitly, it wins over the original layers' flags, as it
