@@ -154,11 +154,11 @@ def parse(argv):
         # The demo trains under `tf.distribute` and exports a SavedModel:
         # on another backend it failed with a traceback after creating
         # its output folders.
-        if keras.config.backend() != "tensorflow":
+        backend = keras.config.backend()
+        if backend != "tensorflow":
             demo.error(
                 "the demo needs the TensorFlow backend "
-                "(KERAS_BACKEND=tensorflow), got "
-                f"KERAS_BACKEND={keras.config.backend()!r}"
+                f"(KERAS_BACKEND=tensorflow), got KERAS_BACKEND={backend!r}"
             )
     return args
 

@@ -165,12 +165,7 @@ def build_classifier(backbone, learning_rate, jit_compile):
     hidden = backbone(inputs)["sequence_output"]
     # Mean over real tokens: the MiniLM pooler was never trained. Frozen,
     # since no gradient reaches it (Keras warned of that on every run).
-    pooler = next(
-        (layer for layer in backbone.layers if layer.name == "pooled_dense"),
-        None,
-    )
-    if pooler is not None:
-        pooler.trainable = False
+    backbone.get_layer("pooled_dense").trainable = False
     mask = keras.ops.cast(inputs["padding_mask"], hidden.dtype)[..., None]
     pooled = keras.ops.sum(hidden * mask, 1) / keras.ops.sum(mask, 1)
     outputs = keras.layers.Dense(2, activation="softmax", name="head")(pooled)

@@ -68,22 +68,25 @@ def layer_seed(seed, index):
     return None if seed is None else (seed + index) % SEED_LIMIT
 
 
-def check_seed(seed):
-    """`seed` as a Python int in `[0, 2**31)`, or None.
+def check_seed(seed, allow_none=True):
+    """`seed` as a Python int in `[0, 2**31)`, or None (unseeded) where
+    `allow_none`.
 
     The range every backend takes (Keras stores a PyTorch SeedGenerator's
     state as int32, and JAX's as uint32); larger TensorFlow seeds would
     also draw the noise of their low 32 bits.
     """
-    if seed is None:
+    if seed is None and allow_none:
         return None
     if (
-        _is_bool(seed)
+        seed is None
+        or _is_bool(seed)
         or not isinstance(seed, numbers.Integral)
         or not 0 <= seed < SEED_LIMIT
     ):
+        allowed = " or None" if allow_none else ""
         raise ValueError(
-            "`seed` must be an int in [0, 2**31) or None. "
+            f"`seed` must be an int in [0, 2**31){allowed}. "
             f"Received: seed={seed!r}"
         )
     return int(seed)

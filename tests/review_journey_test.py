@@ -18,6 +18,9 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
+# The examples' tiny BERT (pytest puts `tests/` on the path).
+from examples_test import _tiny_bert
+
 import keras_attnvariants as kav
 from keras_attnvariants.ops.combine import doubly_normalized_attend
 from keras_attnvariants.testing import autodiff_reference
@@ -235,18 +238,10 @@ class DemoJourneyTest(TestCase):
 
     def test_demo_classifier_trains_without_gradient_warnings(self):
         # The unused pooler warned "Gradients do not exist" on every run.
-        keras_hub = pytest.importorskip("keras_hub")
+        pytest.importorskip("keras_hub")
         from keras_attnvariants import demo
 
-        backbone = keras_hub.models.BertBackbone(
-            vocabulary_size=30,
-            num_layers=1,
-            num_heads=2,
-            hidden_dim=8,
-            intermediate_dim=16,
-            max_sequence_length=8,
-        )
-        model = demo.build_classifier(backbone, 1e-3, jit_compile=False)
+        model = demo.build_classifier(_tiny_bert(8), 1e-3, jit_compile=False)
         features = {
             "token_ids": np.array([[3, 4, 5, 0], [6, 7, 0, 0]], "int32"),
             "segment_ids": np.zeros((2, 4), "int32"),

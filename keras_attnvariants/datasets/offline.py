@@ -49,14 +49,6 @@ def rotten_tomatoes_path():
     return path if os.path.exists(path) else None
 
 
-def _seed_out_of_range(seed):
-    try:
-        check_seed(seed)
-    except ValueError:
-        return True
-    return False
-
-
 def rotten_tomatoes(num_examples=None, seed=0):
     """Unique Rotten Tomatoes review snippets with sentiment labels.
 
@@ -77,12 +69,8 @@ def rotten_tomatoes(num_examples=None, seed=0):
     """
     if num_examples is not None:
         num_examples = check_int("num_examples", num_examples)
-    # `check_seed` lets None through (unseeded); this shuffle is seeded.
-    # Its own check: `check_seed`'s message offers None, rejected here.
-    if seed is None or _seed_out_of_range(seed):
-        raise ValueError(
-            f"`seed` must be an int in [0, 2**31). Received: seed={seed!r}"
-        )
+    # This shuffle is always seeded: None is no seed here.
+    seed = check_seed(seed, allow_none=False)
     path = rotten_tomatoes_path()
     if path is None:
         raise FileNotFoundError(

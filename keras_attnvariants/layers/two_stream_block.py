@@ -1,12 +1,8 @@
 """`TwoStreamBlock`: one layer of the two-stream transformer."""
 
-import contextlib
-
 import keras
 import numpy as np
 from keras import ops
-from keras.src.backend.common.masking import get_keras_mask
-from keras.src.backend.common.masking import set_keras_mask
 
 from keras_attnvariants.layers.gumbel_discrete_attention import (
     check_temperature,
@@ -14,6 +10,7 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (
 from keras_attnvariants.layers.gumbel_discrete_attention import (
     gumbel_training_weights,
 )
+from keras_attnvariants.layers.variant_attention import keras_masks_restored
 from keras_attnvariants.ops.gumbel import argmax_indices
 from keras_attnvariants.ops.gumbel import gather_values
 from keras_attnvariants.ops.gumbel import one_hot_at
@@ -28,22 +25,6 @@ from keras_attnvariants.validation import check_seed
 
 MODES = ("two_stream", "single_stream")
 MODEL_ATTENTIONS = ("discrete", "soft")
-
-
-@contextlib.contextmanager
-def _keras_masks_detached(tensors):
-    """Clears the Keras masks of `tensors` for the block, then restores
-    them."""
-    masks = [(t, get_keras_mask(t)) for t in tensors]
-    for tensor, mask in masks:
-        if mask is not None:
-            set_keras_mask(tensor, None)
-    try:
-        yield
-    finally:
-        for tensor, mask in masks:
-            if mask is not None:
-                set_keras_mask(tensor, mask)
 
 
 @keras.saving.register_keras_serializable(package="keras_attnvariants")
@@ -397,7 +378,7 @@ class TwoStreamBlock(keras.layers.Layer):
         # not support masking) warned on every traced call that they would
         # "destroy" them. Detached for the call, then put back on the
         # caller's tensors; `compute_mask` passes them on to the outputs.
-        with _keras_masks_detached(keras.tree.flatten(inputs)):
+        with keras_masks_restored(keras.tree.flatten(inputs), detach=True):
             return self._streams(inputs, mask, view, training)
 
     def _streams(self, inputs, mask, view, training):

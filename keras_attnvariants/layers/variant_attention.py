@@ -1,5 +1,6 @@
 """`VariantAttention`: the shared base of this package's attention layers."""
 
+import contextlib
 import numbers
 import warnings
 
@@ -100,6 +101,32 @@ def check_padding_mask(name, mask, tensor):
             f"`{name}` must be a boolean tensor of shape (batch, length) = "
             f"{expected}. Received: {name} with shape {shape}"
         )
+
+
+@contextlib.contextmanager
+def keras_masks_restored(tensors, detach=False):
+    """Puts the Keras masks of `tensors` back when the block ends.
+
+    With `detach`, they are also cleared for the block: sublayers that do
+    not support masking warn that they "destroy" a mask they are handed.
+
+    Args:
+        tensors: iterable of tensors (`None` entries are skipped).
+        detach: bool. Clear the masks inside the block.
+    """
+    masks = []
+    for tensor in tensors:
+        mask = None if tensor is None else get_keras_mask(tensor)
+        if mask is not None:
+            masks.append((tensor, mask))
+    if detach:
+        for tensor, _ in masks:
+            set_keras_mask(tensor, None)
+    try:
+        yield
+    finally:
+        for tensor, mask in masks:
+            set_keras_mask(tensor, mask)
 
 
 def serialize_attention_loss(term):
@@ -285,12 +312,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         # place, so another layer fed the same tensor (a second attention
         # layer on one embedding, or this one called again) ran unmasked and
         # its real tokens attended padding. They are put back afterwards.
-        input_masks = [
-            (tensor, get_keras_mask(tensor))
-            for tensor in (query, value, key)
-            if tensor is not None
-        ]
-        try:
+        with keras_masks_restored((query, value, key)):
             return super().call(
                 query,
                 value,
@@ -303,10 +325,6 @@ class VariantAttention(keras.layers.MultiHeadAttention):
                 training=training,
                 use_causal_mask=use_causal_mask,
             )
-        finally:
-            for tensor, mask in input_masks:
-                if mask is not None:
-                    set_keras_mask(tensor, mask)
 
     def _check_causal(self, use_causal_mask):
         """`ValueError` for `use_causal_mask=True` on a non-causal layer."""
