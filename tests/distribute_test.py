@@ -27,10 +27,10 @@ on_tf = pytest.mark.skipif(
 )
 
 
-def run_module(module, env_updates):
+def run_module(module, env_updates, args=()):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env_updates)
     out = subprocess.run(
-        [sys.executable, "-m", module],
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -66,6 +66,37 @@ def test_mirrored_loss_history_equals_single_device():
     with_loss = [r for r in results if r["name"] == "dnas_with_attention_loss"]
     # The attached term is logged as its own metric, with a real value.
     assert with_loss[0]["metrics"]["weight_square"] > 0.0
+
+
+@on_tf
+def test_replica_without_examples_logs_what_one_device_logs():
+    """17 examples in batches of 8: the last batch holds one example, so
+    one of the 2 replicas gets none. Its terms gave 0 / 0 (guidance's
+    per-example sum, the receptive-field penalty: NaN logged for the epoch),
+    and every term's metric took one unweighted value per replica (a KQ
+    term logged 17% off the one-device value)."""
+    results = run_module(
+        "keras_attnvariants.testing.replica_parity",
+        {"KERAS_BACKEND": "tensorflow"},
+        ["--examples", "17", "--epochs", "1"],
+    )
+    assert {r["name"] for r in results} == set(layer_zoo.LAYERS)
+    for result in results:
+        for key, value in result["metrics"].items():
+            assert np.isfinite(value), (result["name"], key)
+        if result["name"] not in layer_zoo.DETERMINISTIC:
+            continue
+        np.testing.assert_allclose(
+            result["mirrored"], result["single"], rtol=1e-4
+        )
+        single = result["single_metrics"]
+        for key in single:
+            np.testing.assert_allclose(
+                result["metrics"][key],
+                single[key],
+                rtol=1e-4,
+                err_msg=f"{result['name']}: {key}",
+            )
 
 
 @on_tf

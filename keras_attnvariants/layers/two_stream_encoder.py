@@ -7,6 +7,7 @@ from keras_attnvariants.layers.two_stream_block import MODEL_ATTENTIONS
 from keras_attnvariants.layers.two_stream_block import MODES
 from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
 from keras_attnvariants.losses.attention_loss import KeepsStepLosses
+from keras_attnvariants.losses.attention_loss import batch_mean
 from keras_attnvariants.ops.receptive_field import receptive_field_mean_size
 from keras_attnvariants.ops.receptive_field import receptive_field_union_size
 from keras_attnvariants.ops.receptive_field import receptive_fields
@@ -145,7 +146,7 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         self.num_views = num_views
         self.mode = mode
         self.share_embeddings = share_embeddings
-        self.temperature = float(temperature)
+        self.initial_temperature = float(temperature)
         self.straight_through = straight_through
         self.receptive_field_coefficient = float(receptive_field_coefficient)
         self.receptive_field_reduction = receptive_field_reduction
@@ -192,6 +193,24 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
             for i in range(num_layers)
         ]
 
+    @property
+    def temperature(self):
+        """The blocks' Gumbel temperature: the first block's non-trainable
+        variable once built (`TemperatureSchedule` and `set_temperature`
+        set every block's together), the initial float before."""
+        if self.blocks and self.blocks[0].built:
+            return self.blocks[0].temperature
+        return self.initial_temperature
+
+    def set_temperature(self, value):
+        """Sets every block's Gumbel temperature (a float > 0), also inside
+        `fit`."""
+        check_float("temperature", value)
+        for block in self.blocks:
+            block.set_temperature(value)
+        if not self.built:
+            self.initial_temperature = float(value)
+
     def _check_shape(self, shape):
         if len(shape) != 2 or (
             shape[1] is not None and shape[1] > self.max_length
@@ -203,6 +222,30 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
                 f"T <= max_length={self.max_length}. "
                 f"Received: token_ids.shape={shape}"
             )
+
+    def _checked_length(self, token_ids):
+        """`token_ids`, checked at run time where `T` is unknown when
+        tracing (a TensorFlow graph of any length: an exported model
+        serving traffic). Without the check a longer input fails inside
+        the position lookup on a CPU, and reads zero rows on a GPU, whose
+        gather returns zeros out of range. (JAX and PyTorch always trace
+        with known lengths; XLA drops the assertion.)"""
+        if token_ids.shape[1] is not None:
+            return token_ids
+        if keras.backend.backend() != "tensorflow":
+            return token_ids
+        import tensorflow as tf
+
+        check = tf.debugging.assert_less_equal(
+            tf.shape(token_ids)[1],
+            self.max_length,
+            message=(
+                f"`token_ids` must be `(B, T)` with T <= max_length="
+                f"{self.max_length}"
+            ),
+        )
+        with tf.control_dependencies([check]):
+            return tf.identity(token_ids)
 
     def build(self, input_shape):
         shape = tuple(input_shape)
@@ -234,6 +277,7 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
     ):
         check_int("view", view, low=0, high=self.num_views - 1)
         self._check_shape(tuple(token_ids.shape))
+        token_ids = self._checked_length(token_ids)
         padding_mask = ops.not_equal(token_ids, 0)
         h = self._embed(token_ids, self.model_embeddings)
         if self.mode == "two_stream":
@@ -264,7 +308,7 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
                 size = receptive_field_union_size(fields)
             # Kept over calls per view in one model (`KeepsStepLosses`).
             self._add_step_loss(
-                self.receptive_field_coefficient * ops.mean(size)
+                self.receptive_field_coefficient * batch_mean(size)
             )
         if return_attention:
             return h, attentions
@@ -308,7 +352,7 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
                 "num_views": self.num_views,
                 "mode": self.mode,
                 "share_embeddings": self.share_embeddings,
-                "temperature": self.temperature,
+                "temperature": self.initial_temperature,
                 "straight_through": self.straight_through,
                 "receptive_field_coefficient": (
                     self.receptive_field_coefficient

@@ -469,8 +469,13 @@ class VariantAttention(keras.layers.MultiHeadAttention):
     def _check_attention_mask(self, mask, query, key):
         rank = len(mask.shape)
         expected = (query.shape[0], query.shape[1], key.shape[1])
+        # Only sizes known as ints are compared: JAX's shape-polymorphic
+        # export (`model.export`) traces with symbolic sizes, and `b == a`
+        # is False for two symbols that the caller's data will make equal.
         if rank != 3 or any(
-            got is not None and want is not None and got not in (1, want)
+            isinstance(got, int)
+            and isinstance(want, int)
+            and got not in (1, want)
             for got, want in zip(mask.shape, expected)
         ):
             raise ValueError(

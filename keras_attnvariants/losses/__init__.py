@@ -18,6 +18,7 @@ from keras_attnvariants.losses.attention_loss import (
 from keras_attnvariants.losses.attention_loss import (
     AttentionLoss as AttentionLoss,
 )
+from keras_attnvariants.losses.attention_loss import batch_mean as batch_mean
 from keras_attnvariants.losses.attention_loss import (
     token_ids_scope as token_ids_scope,
 )

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_attnvariants.losses.attention_loss import AttentionLoss
+from keras_attnvariants.losses.attention_loss import batch_mean
 from keras_attnvariants.ops.patterns import EDGE_ROWS
 from keras_attnvariants.ops.patterns import PATTERN_NAMES
 from keras_attnvariants.ops.patterns import guidance_pattern
@@ -477,10 +478,9 @@ class AttentionGuidanceRegularizer(AttentionLoss):
             weights - target
         )
         if self.reduction == "sum":
-            total = ops.sum(squared, axis=(1, 2, 3))
-        else:
-            total = ops.sum(squared) / ops.maximum(ops.sum(pair), 1.0)
-        return alpha * ops.mean(total)
+            # Per example, then over the batch (0 for an empty one).
+            return alpha * batch_mean(ops.sum(squared, axis=(1, 2, 3)))
+        return alpha * ops.sum(squared) / ops.maximum(ops.sum(pair), 1.0)
 
     def from_attention(self, context):
         # The layer index is the call's rank in this forward pass: how many

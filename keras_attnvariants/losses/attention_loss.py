@@ -38,6 +38,27 @@ from keras_attnvariants.validation import check_bool
 _TOKEN_IDS = threading.local()
 
 
+def batch_mean(values):
+    """Mean of `values` over their leading (batch) axis; 0 for an empty
+    batch.
+
+    Under `tf.distribute` a final batch smaller than the number of
+    replicas leaves some replicas with no example: `ops.mean` is 0 / 0
+    there, and the NaN reaches the logged loss (Keras's own losses give 0).
+    """
+    count = ops.cast(ops.shape(values)[0], values.dtype)
+    return ops.sum(values, axis=0) / ops.maximum(count, 1.0)
+
+
+def _batch_size(args):
+    """The leading size of a term's first input, as a float32 sample
+    weight for its metric, or `None` (no tensor input with a batch axis)."""
+    first = args[0] if args else None
+    if first is None or len(getattr(first, "shape", ())) == 0:
+        return None
+    return ops.cast(ops.shape(first)[0], "float32")
+
+
 @contextmanager
 def token_ids_scope(token_ids):
     """Makes `token_ids` `(B, T)` visible to attached attention losses.
@@ -227,7 +248,13 @@ class AttentionLoss(KeepsStepLosses, keras.layers.Layer):
             # Stateless scopes (the JAX trainer) drop metric updates made
             # inside layers; the loss itself is still collected there.
             if self.loss_tracker is not None and not in_stateless_scope():
-                self.loss_tracker.update_state(value)
+                # Weighted by the batch, as Keras weights its `loss`: under
+                # `tf.distribute` the replicas of an uneven final batch
+                # then log what one device would (an empty one adds
+                # nothing).
+                self.loss_tracker.update_state(
+                    value, sample_weight=_batch_size(args)
+                )
         return value
 
     def compute_output_spec(self, *args, **kwargs):

@@ -41,7 +41,9 @@ from keras_attnvariants.ops.gumbel import selection_logits
 from keras_attnvariants.ops.normalization import _column_log_normalizer
 from keras_attnvariants.ops.normalization import _prepare
 from keras_attnvariants.ops.normalization import _reduce_to_shape
+from keras_attnvariants.ops.normalization import custom_gradient_of
 from keras_attnvariants.ops.normalization import math_dtype
+from keras_attnvariants.ops.normalization import row_max
 
 COMBINE_EQUATION = "bnts,bsnh->btnh"
 # `A^T dO` written with `dO` first: TensorFlow's XLA lowers the other operand
@@ -71,9 +73,9 @@ def _masked_row_exp(y, mask):
     masking and returns the sum; here the sum is over valid keys only.)
     """
     if mask is None:
-        top = ops.max(y, axis=-1, keepdims=True)
+        top = row_max(y)
     else:
-        top = ops.max(ops.where(mask, y, -np.inf), axis=-1, keepdims=True)
+        top = row_max(ops.where(mask, y, -np.inf))
         top = ops.where(top > -np.inf, top, 0.0)
     e = ops.exp(y - top)
     if mask is not None:
@@ -171,8 +173,7 @@ def _row_softmax_attend(scores, value, mask, column_step, keep=None):
     x, mask = _prepare(scores, mask)
     keep = _multipliers(keep, x.dtype)
 
-    @ops.custom_gradient
-    def attend(x, value):
+    def attend(x, value, mask, keep):
         y = x
         if column_step:
             y = x - _column_log_normalizer(x, mask is not None)
@@ -192,7 +193,7 @@ def _row_softmax_attend(scores, value, mask, column_step, keep=None):
 
         return out, grad
 
-    return attend(x, value)
+    return custom_gradient_of(attend, (x, value), (mask, keep))
 
 
 def softmax_attend(scores, value, mask=None, keep=None):
@@ -275,8 +276,7 @@ def hybrid_attend(scores, value, mix, mask=None, keep=None):
     mix = _per_head_mix(mix, num_heads, x.dtype)
     keep = _multipliers(keep, x.dtype)
 
-    @ops.custom_gradient
-    def attend(x, value, mix):
+    def attend(x, value, mix, mask, keep):
         e_u, inv_u, _ = _masked_row_exp(x, mask)
         z = x - _column_log_normalizer(x, mask is not None)
         e_d, inv_d, top = _masked_row_exp(z, mask)
@@ -317,7 +317,7 @@ def hybrid_attend(scores, value, mix, mask=None, keep=None):
 
     # `_per_head_mix` runs outside the custom gradient: autodiff maps the
     # `(N, 1, 1)` gradient back to the caller's shape of `mix`.
-    return attend(x, value, mix)
+    return custom_gradient_of(attend, (x, value, mix), (mask, keep))
 
 
 def relaxed_gumbel_attend(
@@ -361,8 +361,7 @@ def straight_through_gumbel_attend(
     logits = relaxed_logits(scores, noise, temperature, mask)
     y, mask = _prepare(logits, mask)
 
-    @ops.custom_gradient
-    def attend(y, value):
+    def attend(y, value, mask):
         indices = argmax_indices(selection_logits(y, mask))
         row_valid = rows_with_valid_key(mask, indices)
         out = gather_values(value, indices, row_valid)
@@ -379,4 +378,4 @@ def straight_through_gumbel_attend(
 
         return out, grad
 
-    return attend(y, value)
+    return custom_gradient_of(attend, (y, value), (mask,))

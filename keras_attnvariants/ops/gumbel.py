@@ -304,11 +304,16 @@ def argmax_indices(logits):
     so JAX and PyTorch keep `keras.ops.argmax`.
     """
     if keras.backend.backend() != "tensorflow":
+        if logits.shape[-1] == 0:  # no key: JAX and PyTorch raise
+            return ops.zeros(ops.shape(logits)[:-1], "int32")
         return ops.cast(ops.argmax(logits, axis=-1), "int32")
     size = ops.shape(logits)[-1]
-    top = ops.max(logits, axis=-1, keepdims=True)
+    # `initial`: no eager error on an empty batch or sequence.
+    top = ops.max(logits, axis=-1, keepdims=True, initial=float("-inf"))
     index = ops.arange(size, dtype="int32")
-    first = ops.min(ops.where(logits >= top, index, size), axis=-1)
+    first = ops.min(
+        ops.where(logits >= top, index, size), axis=-1, initial=size
+    )
     # `logits >= NaN` is False everywhere: clamp into range.
     return ops.minimum(first, size - 1)
 
@@ -407,6 +412,11 @@ def gather_values(value, indices, row_valid=None):
         flattened values (no transposes).
     """
     shape = ops.shape(value)
+    if 0 in value.shape or 0 in indices.shape:
+        # An empty batch or sequence (JAX's `take` loses the index shape).
+        return ops.zeros(
+            (shape[0], indices.shape[2], shape[2], shape[3]), value.dtype
+        )
     rows = _value_rows(indices, shape[1], shape[2])
     flat = ops.reshape(value, (-1, shape[3]))
     picked = ops.take(flat, rows, axis=0)

@@ -22,6 +22,38 @@ def math_dtype(dtype):
     return "float32"
 
 
+def custom_gradient_of(function, inputs, constants=()):
+    """`ops.custom_gradient(function)(*inputs)`, with `constants` passed in.
+
+    `function(*inputs, *constants)` returns `(output, grad)` as an
+    `ops.custom_gradient` function does, and `grad` the gradients of
+    `inputs` only. `constants` are tensors that get no gradient (masks,
+    dropout multipliers) or `None`. A custom-gradient function must take
+    them as inputs rather than close over them: a closed-over tensor
+    becomes a constant of JAX's traced body, and JAX's shape-polymorphic
+    export (`model.export` on JAX, through jax2tf) fails on a constant of
+    symbolic shape ("Symbolic dimension comparison ... is inconclusive").
+    """
+    given = tuple(c for c in constants if c is not None)
+    count = len(inputs)
+
+    @ops.custom_gradient
+    def wrapped(*args):
+        passed = iter(args[count:])
+        full = tuple(None if c is None else next(passed) for c in constants)
+        output, grad = function(*args[:count], *full)
+
+        def wrapped_grad(*grad_args, upstream=None):
+            grads = grad(*grad_args, upstream=upstream)
+            if not isinstance(grads, tuple):
+                grads = (grads,)
+            return (*grads, *(None,) * len(given))
+
+        return output, wrapped_grad
+
+    return wrapped(*inputs, *given)
+
+
 def _prepare(scores, mask):
     """Float32 (float64 for float64) scores with masked entries at
     `MASK_FILL`, plus the mask."""
@@ -53,9 +85,18 @@ def _softmax32(x, mask):
     return _apply_mask(ops.softmax(x, axis=-1), mask)
 
 
+def row_max(x):
+    """`max_j x` over the last axis, kept: `(..., T, 1)`.
+
+    `-inf` for a row without entries: `ops.max` raises on an empty tensor
+    in eager mode (an empty batch or sequence, which keras MHA serves).
+    """
+    return ops.max(x, axis=-1, keepdims=True, initial=float("-inf"))
+
+
 def _row_exp(x):
     """`e = exp(x - max_j x)`, its row sums and row maxima `(..., T, 1)`."""
-    top = ops.max(x, axis=-1, keepdims=True)
+    top = row_max(x)
     e = ops.exp(x - top)
     return e, ops.sum(e, axis=-1, keepdims=True), top
 
@@ -116,8 +157,7 @@ def _doubly_normalize_once(x, mask):
     weights and a per-row scale, and two reductions over the scores.
     """
 
-    @ops.custom_gradient
-    def dnas(x):
+    def dnas(x, mask):
         weights, row_scale = _dnas_parts(x, mask)
 
         def grad(*args, upstream=None):
@@ -127,7 +167,7 @@ def _doubly_normalize_once(x, mask):
 
         return weights, grad
 
-    return dnas(x)
+    return custom_gradient_of(dnas, (x,), (mask,))
 
 
 def _row_exp_parts(x):
@@ -156,8 +196,7 @@ def _hybrid_once(x, mix, mask):
     mix_shape = tuple(mix.shape)
     per_key = bool(mix_shape) and mix_shape[-1] != 1
 
-    @ops.custom_gradient
-    def hybrid(x, mix):
+    def hybrid(x, mix, mask):
         e_unas, inv_unas, _ = _row_exp_parts(x)
         z = x - _column_log_normalizer(x, mask is not None)
         e_dnas, inv_dnas, z_top = _row_exp_parts(z)
@@ -191,7 +230,7 @@ def _hybrid_once(x, mix, mask):
 
         return weights, grad
 
-    return hybrid(x, mix)
+    return custom_gradient_of(hybrid, (x, mix), (mask,))
 
 
 def _doubly_normalize32(x, mask, iterations):

@@ -7,17 +7,20 @@ from keras import ops
 
 import keras_attnvariants as kav
 from keras_attnvariants.losses.attention_loss import AttentionLoss
+from keras_attnvariants.losses.attention_loss import batch_mean
 
 LENGTH, VOCAB, DIM = 6, 11, 8
 
 
 @keras.saving.register_keras_serializable(package="keras_attnvariants_test")
 class WeightSquareLoss(AttentionLoss):
-    """Batch mean of the squared attention weights (a deterministic term)."""
+    """Batch mean of the squared attention weights (a deterministic term;
+    `batch_mean`: 0 on a replica without examples, where `ops.mean` is
+    NaN)."""
 
     def compute_loss_value(self, attention_weights):
         per_example = ops.sum(ops.square(attention_weights), axis=(1, 2, 3))
-        return 0.1 * ops.mean(per_example)
+        return 0.1 * batch_mean(per_example)
 
     def from_attention(self, context):
         return self(context["attention_weights"])

@@ -1,0 +1,94 @@
+"""Serving edge cases found by a review acting as a user (2026-11-26).
+
+- An empty batch or sequence, which keras MHA serves in eager mode: the
+  layers' row maxima raised "Cannot compute the max of an empty tensor"
+  (TensorFlow), and the argmax path failed on JAX and PyTorch.
+- `model.export` on JAX of a DNAS / HNAS model with a Keras mask failed:
+  the custom gradients closed over the mask, which JAX's shape-polymorphic
+  export cannot take as a constant of symbolic shape.
+- A `TwoStreamEncoder` exported with a dynamic length lost its
+  `max_length` check.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_attnvariants as kav
+
+LAYERS = {
+    "dnas": lambda: kav.DoublyNormalizedAttention(2, 4),
+    "dnas_2_iterations": lambda: kav.DoublyNormalizedAttention(
+        2, 4, iterations=2
+    ),
+    "hnas": lambda: kav.HybridAttention(2, 4, hybrid_init=0.3),
+    "gumbel_argmax": lambda: kav.GumbelDiscreteAttention(2, 4, seed=0),
+    "gumbel_soft": lambda: kav.GumbelDiscreteAttention(
+        2, 4, seed=0, inference_mode="soft"
+    ),
+    "gumbel_sample": lambda: kav.GumbelDiscreteAttention(
+        2, 4, seed=0, inference_mode="sample"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+@pytest.mark.parametrize("shape", [(0, 5, 8), (2, 0, 8)])
+def test_empty_batch_or_sequence_is_served_like_mha(name, shape):
+    x = np.zeros(shape, "float32")
+    expected = keras.layers.MultiHeadAttention(2, 4)(x, x)
+    for training in (False, True):
+        out = LAYERS[name]()(x, x, training=training)
+        assert tuple(out.shape) == tuple(expected.shape)
+
+
+def _masked_model(make):
+    tokens = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(11, 8, mask_zero=True)(tokens)
+    return keras.Model(tokens, make()(x, x))
+
+
+@pytest.mark.skipif(keras.config.backend() != "jax", reason="JAX's export path")
+@pytest.mark.parametrize("name", ["dnas", "dnas_2_iterations", "hnas"])
+def test_jax_export_with_keras_mask_serves_same_outputs(name, tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    keras.utils.set_random_seed(0)
+    model = _masked_model(LAYERS[name])
+    model.export(str(tmp_path), verbose=False)
+    served = tf.saved_model.load(str(tmp_path))
+    for length in (5, 9):
+        tokens = np.random.default_rng(length).integers(1, 11, (3, length))
+        tokens[:, -2:] = 0
+        tokens = tokens.astype("int32")
+        np.testing.assert_allclose(
+            np.asarray(served.serve(tf.constant(tokens))),
+            np.asarray(model(tokens)),
+            atol=1e-5,
+        )
+
+
+@pytest.mark.skipif(
+    keras.config.backend() != "tensorflow", reason="dynamic-length graphs"
+)
+def test_exported_encoder_rejects_inputs_longer_than_max_length(tmp_path):
+    import tensorflow as tf
+
+    tokens = keras.Input((None,), dtype="int32")
+    encoder = kav.TwoStreamEncoder(
+        vocab_size=11,
+        max_length=6,
+        num_layers=1,
+        d_model=8,
+        num_heads=2,
+        d_ff=16,
+        seed=3,
+    )
+    model = keras.Model(tokens, encoder(tokens))
+    model.export(str(tmp_path), verbose=False)
+    served = tf.saved_model.load(str(tmp_path))
+    ok = np.ones((2, 6), "int32")
+    np.testing.assert_allclose(
+        served.serve(tf.constant(ok)).numpy(), model(ok), atol=1e-5
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_length=6"):
+        served.serve(tf.constant(np.ones((2, 9), "int32")))
