@@ -110,13 +110,18 @@ def gradient_importance(predict, embeddings):
         import torch
 
         h = torch.tensor(h0, requires_grad=True)
+        grads = np.zeros_like(h0)
         with torch.enable_grad():
             total = best_logits(h)
             # Logits that do not depend on the embeddings have no graph:
-            # their gradients are zero (as on JAX).
+            # their gradients are zero (as on JAX). `autograd.grad`, not
+            # `backward`: the model's parameters keep their `.grad` (a
+            # diagnostic between `backward` and an optimizer step must not
+            # add to the update).
             if total.requires_grad:
-                total.backward()
-        grads = np.zeros_like(h0) if h.grad is None else h.grad.cpu().numpy()
+                (grad,) = torch.autograd.grad(total, h, allow_unused=True)
+                if grad is not None:
+                    grads = grad.cpu().numpy()
     else:
         raise ValueError(
             "`gradient_importance` needs the TensorFlow, JAX or PyTorch "

@@ -188,9 +188,9 @@ class GumbelDiscreteAttention(VariantAttention):
         self.straight_through = check_bool("straight_through", straight_through)
         self.inference_mode = inference_mode
         self.initial_temperature = float(temperature)
-        self.seed_generator = keras.random.SeedGenerator(
-            noise_seed(seed), name="gumbel_seed_generator"
-        )
+        # Keras's automatic name: a fixed one gave every Gumbel layer of a
+        # model the same variable path (`get_state_tree` raised).
+        self.seed_generator = keras.random.SeedGenerator(noise_seed(seed))
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)

@@ -150,6 +150,11 @@ def sinkhorn_plan(
 _ABSORB_EVERY = 10
 
 
+def _safe_mass(mass, valid):
+    """`max(mass, 1e-30)` on valid points, 1 on padded ones."""
+    return ops.where(valid, ops.maximum(mass, 1e-30), 1.0)
+
+
 def _absorbed_iterations(
     log_kernel, state, a, b, rows, cols, steps=_ABSORB_EVERY
 ):
@@ -172,10 +177,13 @@ def _absorbed_iterations(
         s, t = scalings
         # Rows whose mass underflowed get a large finite scaling; the next
         # absorption recomputes them exactly in the log domain.
+        # Padded rows and columns (mass 0) divide by 1, not by 1e-30: the
+        # division's gradient there, `a / 1e-60`, is inf in float32, and
+        # `where` passes 0 * inf = NaN back (JAX).
         row_mass = ops.einsum("...ij,...j->...i", kernel, t)
-        s = ops.where(rows, a / ops.maximum(row_mass, 1e-30), 1.0)
+        s = ops.where(rows, a / _safe_mass(row_mass, rows), 1.0)
         col_mass = ops.einsum("...ij,...i->...j", kernel, s)
-        t = ops.where(cols, b / ops.maximum(col_mass, 1e-30), 1.0)
+        t = ops.where(cols, b / _safe_mass(col_mass, cols), 1.0)
         return s, t
 
     ones_s = ops.ones_like(a)
