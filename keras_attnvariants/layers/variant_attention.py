@@ -281,6 +281,27 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         for term in self.attention_losses:
             term.build_for_attention(self._num_heads, self._key_dim)
 
+    @property
+    def trainable(self):
+        return keras.layers.Layer.trainable.fget(self)
+
+    @trainable.setter
+    def trainable(self, value):
+        """Sets the flag of the layer and its sublayers, except the
+        attached loss terms: a term is usually shared by every attention
+        layer of a model, and Keras's recursive setter let freezing one
+        layer (the lower blocks of a backbone) freeze a shared adversary
+        for all of them. Freeze a term with `term.trainable = False`."""
+        terms = getattr(self, "attention_losses", None) or []
+        flags = [
+            (layer, layer.trainable)
+            for term in terms
+            for layer in term._flatten_layers(include_self=True)
+        ]
+        keras.layers.Layer.trainable.fset(self, value)
+        for layer, flag in flags:
+            layer.trainable = flag
+
     def call(
         self,
         query,

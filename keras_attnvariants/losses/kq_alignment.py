@@ -96,7 +96,7 @@ class _AdversaryDense(keras.layers.Layer):
             autocast=False,
         )
 
-    def parameters(self, frozen=False):
+    def kernel_and_bias(self, frozen=False):
         """`(kernel, bias)` in float32, the bias shaped to add to the
         output; `frozen`: no gradient to them (the inputs' player), else
         reversed when `reversal_beta` is set."""
@@ -113,14 +113,14 @@ class _AdversaryDense(keras.layers.Layer):
         return kernel, bias
 
     def call(self, x, frozen=False):
-        kernel, bias = self.parameters(frozen)
+        kernel, bias = self.kernel_and_bias(frozen)
         return ops.matmul(ops.cast(x, "float32"), kernel) + bias
 
 
 def _dense_concatenated(layers, x, frozen=False):
     """The outputs of several `_AdversaryDense` on the same points, from
     one matmul with their kernels side by side (split on return)."""
-    kernels, biases = zip(*(layer.parameters(frozen) for layer in layers))
+    kernels, biases = zip(*(layer.kernel_and_bias(frozen) for layer in layers))
     out = ops.matmul(
         ops.cast(x, "float32"), ops.concatenate(kernels, axis=-1)
     ) + ops.concatenate(biases, axis=-1)
