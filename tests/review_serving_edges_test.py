@@ -92,3 +92,30 @@ def test_exported_encoder_rejects_inputs_longer_than_max_length(tmp_path):
     )
     with pytest.raises(tf.errors.InvalidArgumentError, match="max_length=6"):
         served.serve(tf.constant(np.ones((2, 9), "int32")))
+
+
+@pytest.mark.skipif(keras.config.backend() != "jax", reason="JAX's export path")
+def test_jax_export_of_the_encoder_with_a_symbolic_length(tmp_path):
+    """`_check_shape` compared the symbolic length with `max_length`:
+    JAX's export raised `InconclusiveDimensionOperation`."""
+    tf = pytest.importorskip("tensorflow")
+    tokens = keras.Input((None,), dtype="int32")
+    encoder = kav.TwoStreamEncoder(
+        vocab_size=11,
+        max_length=6,
+        num_layers=1,
+        d_model=8,
+        num_heads=2,
+        d_ff=16,
+        seed=3,
+    )
+    model = keras.Model(tokens, encoder(tokens))
+    model.export(str(tmp_path), verbose=False)
+    served = tf.saved_model.load(str(tmp_path))
+    for length in (4, 6):
+        ids = np.ones((2, length), "int32")
+        np.testing.assert_allclose(
+            np.asarray(served.serve(tf.constant(ids))),
+            np.asarray(model(ids)),
+            atol=1e-5,
+        )

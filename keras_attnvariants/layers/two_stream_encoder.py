@@ -3,6 +3,9 @@
 import keras
 from keras import ops
 
+from keras_attnvariants.layers.gumbel_discrete_attention import (
+    check_temperature,
+)
 from keras_attnvariants.layers.two_stream_block import MODEL_ATTENTIONS
 from keras_attnvariants.layers.two_stream_block import MODES
 from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
@@ -197,23 +200,31 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
     def temperature(self):
         """The blocks' Gumbel temperature: the first block's non-trainable
         variable once built (`TemperatureSchedule` and `set_temperature`
-        set every block's together), the initial float before."""
+        set every block's together), the initial float before. Assigning
+        it calls `set_temperature`."""
         if self.blocks and self.blocks[0].built:
             return self.blocks[0].temperature
         return self.initial_temperature
 
+    @temperature.setter
+    def temperature(self, value):
+        self.set_temperature(value)
+
     def set_temperature(self, value):
         """Sets every block's Gumbel temperature (a float > 0), also inside
         `fit`."""
-        check_float("temperature", value)
+        check_temperature(value)
         for block in self.blocks:
             block.set_temperature(value)
         if not self.built:
             self.initial_temperature = float(value)
 
     def _check_shape(self, shape):
+        # Only an int length is compared: JAX's shape-polymorphic export
+        # (`model.export`) traces with a symbolic one, which cannot be
+        # compared with an int.
         if len(shape) != 2 or (
-            shape[1] is not None and shape[1] > self.max_length
+            isinstance(shape[1], int) and shape[1] > self.max_length
         ):
             # Position ids past max_length would be clamped (JAX) or fail
             # inside the embedding lookup.
@@ -228,9 +239,11 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         tracing (a TensorFlow graph of any length: an exported model
         serving traffic). Without the check a longer input fails inside
         the position lookup on a CPU, and reads zero rows on a GPU, whose
-        gather returns zeros out of range. (JAX and PyTorch always trace
-        with known lengths; XLA drops the assertion.)"""
-        if token_ids.shape[1] is not None:
+        gather returns zeros out of range. (PyTorch and JAX's `jit` trace
+        with known lengths, checked by `_check_shape`; a model exported
+        from JAX with a symbolic length has no run-time check, and XLA
+        drops the assertion.)"""
+        if isinstance(token_ids.shape[1], int):
             return token_ids
         if keras.backend.backend() != "tensorflow":
             return token_ids

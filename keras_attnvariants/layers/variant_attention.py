@@ -3,6 +3,7 @@
 import contextlib
 import numbers
 import warnings
+import weakref
 
 import keras
 import numpy as np
@@ -27,6 +28,10 @@ ATTENTION_PATHS = ("auto", "explicit", "fused")
 # Query (B, T, N, H), key and value (B, S, N, H), scores (B, N, T, S).
 LOGITS_EQUATION = "btnh,bsnh->bnts"
 COMBINE_EQUATION = "bnts,bsnh->btnh"
+
+
+# term -> the attention layers it is attached to (weakly held).
+_ATTACHED = weakref.WeakKeyDictionary()
 
 
 def prefer_fused_path():
@@ -273,6 +278,8 @@ class VariantAttention(keras.layers.MultiHeadAttention):
                 )
         super().__init__(num_heads=num_heads, key_dim=key_dim, **kwargs)
         self.attention_losses = losses
+        for term in losses:
+            _ATTACHED.setdefault(term, weakref.WeakSet()).add(self)
         self.self_attention_padding = self_attention_padding
         self.attention_path = attention_path
 
@@ -287,20 +294,29 @@ class VariantAttention(keras.layers.MultiHeadAttention):
 
     @trainable.setter
     def trainable(self, value):
-        """Sets the flag of the layer and its sublayers, except the
-        attached loss terms: a term is usually shared by every attention
-        layer of a model, and Keras's recursive setter let freezing one
-        layer (the lower blocks of a backbone) freeze a shared adversary
-        for all of them. Freeze a term with `term.trainable = False`."""
+        """Sets the flag of the layer and its sublayers, as Keras does,
+        except that freezing the layer leaves an attached loss term
+        trainable while another layer it is attached to still trains: a
+        term is usually shared by every attention layer of a model, and
+        Keras's recursive setter let freezing one layer (the lower blocks
+        of a backbone) freeze a shared adversary for all of them. Freezing
+        every layer it is attached to (a whole backbone) freezes it too;
+        `term.trainable = False` freezes it alone."""
         terms = getattr(self, "attention_losses", None) or []
-        flags = [
-            (layer, layer.trainable)
+        kept = [
+            [(layer, layer.trainable) for layer in term._flatten_layers()]
             for term in terms
-            for layer in term._flatten_layers(include_self=True)
+            if not value
+            and any(
+                other.trainable
+                for other in _ATTACHED.get(term, ())
+                if other is not self
+            )
         ]
         keras.layers.Layer.trainable.fset(self, value)
-        for layer, flag in flags:
-            layer.trainable = flag
+        for flags in kept:
+            for layer, flag in flags:
+                layer.trainable = flag
 
     def call(
         self,

@@ -415,7 +415,7 @@ def gather_values(value, indices, row_valid=None):
     if 0 in value.shape or 0 in indices.shape:
         # An empty batch or sequence (JAX's `take` loses the index shape).
         return ops.zeros(
-            (shape[0], indices.shape[2], shape[2], shape[3]), value.dtype
+            (shape[0], ops.shape(indices)[2], shape[2], shape[3]), value.dtype
         )
     rows = _value_rows(indices, shape[1], shape[2])
     flat = ops.reshape(value, (-1, shape[3]))

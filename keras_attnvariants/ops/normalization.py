@@ -45,7 +45,7 @@ def custom_gradient_of(function, inputs, constants=()):
 
         def wrapped_grad(*grad_args, upstream=None):
             grads = grad(*grad_args, upstream=upstream)
-            if not isinstance(grads, tuple):
+            if not isinstance(grads, (tuple, list)):
                 grads = (grads,)
             return (*grads, *(None,) * len(given))
 
@@ -88,10 +88,16 @@ def _softmax32(x, mask):
 def row_max(x):
     """`max_j x` over the last axis, kept: `(..., T, 1)`.
 
-    `-inf` for a row without entries: `ops.max` raises on an empty tensor
-    in eager mode (an empty batch or sequence, which keras MHA serves).
+    `ops.max` raises on an empty tensor in eager mode (an empty batch or
+    sequence, which keras MHA serves): a statically empty `x` gets `-inf`
+    rows instead. (Not `ops.max(..., initial=-inf)`: on PyTorch it builds
+    the initial tensor on the CPU, which a CUDA `x` cannot be compared
+    with, and a TensorFlow graph with a dynamic empty size reduces to
+    `-inf` without help.)
     """
-    return ops.max(x, axis=-1, keepdims=True, initial=float("-inf"))
+    if any(isinstance(d, int) and d == 0 for d in x.shape):
+        return ops.full((*ops.shape(x)[:-1], 1), float("-inf"), x.dtype)
+    return ops.max(x, axis=-1, keepdims=True)
 
 
 def _row_exp(x):

@@ -151,8 +151,12 @@ _ABSORB_EVERY = 10
 
 
 def _safe_mass(mass, valid):
-    """`max(mass, 1e-30)` on valid points, 1 on padded ones."""
-    return ops.where(valid, ops.maximum(mass, 1e-30), 1.0)
+    """`max(mass, 1e-30)` on valid points, 1 on padded ones, by selects:
+    the gradient reaches `mass` only where it is above 1e-30 (JAX's
+    derivative of `maximum` at an underflowed mass, times the division's
+    `a / 1e-60 = inf`, was NaN)."""
+    floor = ops.where(valid, 1e-30, 1.0)
+    return ops.where(ops.logical_and(valid, mass > 1e-30), mass, floor)
 
 
 def _absorbed_iterations(

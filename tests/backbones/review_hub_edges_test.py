@@ -136,3 +136,29 @@ def test_load_minilm_checks_sequence_length(value):
         pytest.skip("the MiniLM package is not installed")
     with pytest.raises(ValueError, match="sequence_length"):
         load_minilm(value)
+
+
+def test_freezing_the_whole_backbone_freezes_its_terms():
+    """Keeping a shared term trainable when one block is frozen must not
+    leave it training inside a frozen backbone (`backbone.trainable =
+    False`, keras-hub's way to train only a task's head)."""
+    term = kav.KQAlignment("gan", weight=0.1)
+    converted = convert_backbone(
+        tiny_bert(),
+        kav.HybridAttention,
+        hybrid_init=0.0,
+        attention_losses=[term],
+    )
+    features = {
+        name: keras.Input((None,), dtype="int32", name=name)
+        for name in ("token_ids", "segment_ids", "padding_mask")
+    }
+    hidden = converted(features)["sequence_output"]
+    model = keras.Model(features, keras.layers.Dense(2)(hidden))
+    converted.trainable = False
+    term_ids = {id(v) for v in term.weights}
+    assert not term.trainable_weights
+    assert not term_ids & {id(v) for v in model.trainable_variables}
+    assert len(model.trainable_variables) == 2  # the head
+    converted.trainable = True
+    assert len(term.trainable_weights) == len(term.weights)
