@@ -67,12 +67,8 @@ def test_jax_export_with_keras_mask_serves_same_outputs(name, tmp_path):
         )
 
 
-@pytest.mark.skipif(
-    keras.config.backend() != "tensorflow", reason="dynamic-length graphs"
-)
-def test_exported_encoder_rejects_inputs_longer_than_max_length(tmp_path):
-    import tensorflow as tf
-
+def _encoder_model():
+    """A `TwoStreamEncoder` (max_length 6) on token ids of any length."""
     tokens = keras.Input((None,), dtype="int32")
     encoder = kav.TwoStreamEncoder(
         vocab_size=11,
@@ -83,7 +79,16 @@ def test_exported_encoder_rejects_inputs_longer_than_max_length(tmp_path):
         d_ff=16,
         seed=3,
     )
-    model = keras.Model(tokens, encoder(tokens))
+    return keras.Model(tokens, encoder(tokens))
+
+
+@pytest.mark.skipif(
+    keras.config.backend() != "tensorflow", reason="dynamic-length graphs"
+)
+def test_exported_encoder_rejects_inputs_longer_than_max_length(tmp_path):
+    import tensorflow as tf
+
+    model = _encoder_model()
     model.export(str(tmp_path), verbose=False)
     served = tf.saved_model.load(str(tmp_path))
     ok = np.ones((2, 6), "int32")
@@ -99,17 +104,7 @@ def test_jax_export_of_the_encoder_with_a_symbolic_length(tmp_path):
     """`_check_shape` compared the symbolic length with `max_length`:
     JAX's export raised `InconclusiveDimensionOperation`."""
     tf = pytest.importorskip("tensorflow")
-    tokens = keras.Input((None,), dtype="int32")
-    encoder = kav.TwoStreamEncoder(
-        vocab_size=11,
-        max_length=6,
-        num_layers=1,
-        d_model=8,
-        num_heads=2,
-        d_ff=16,
-        seed=3,
-    )
-    model = keras.Model(tokens, encoder(tokens))
+    model = _encoder_model()
     model.export(str(tmp_path), verbose=False)
     served = tf.saved_model.load(str(tmp_path))
     for length in (4, 6):

@@ -20,6 +20,8 @@ import numpy as np
 from keras import ops
 
 from keras_attnvariants.ops.masking import MASK_FILL
+from keras_attnvariants.ops.normalization import row_max
+from keras_attnvariants.ops.normalization import statically_empty
 from keras_attnvariants.validation import check_float
 
 FLOAT32_MIN = -3.4028234663852886e38
@@ -308,9 +310,9 @@ def argmax_indices(logits):
             return ops.zeros(ops.shape(logits)[:-1], "int32")
         return ops.cast(ops.argmax(logits, axis=-1), "int32")
     size = ops.shape(logits)[-1]
-    # `initial`: no eager error on an empty batch or sequence.
-    top = ops.max(logits, axis=-1, keepdims=True, initial=float("-inf"))
+    top = row_max(logits)
     index = ops.arange(size, dtype="int32")
+    # `initial`: no eager error on an empty batch or sequence.
     first = ops.min(
         ops.where(logits >= top, index, size), axis=-1, initial=size
     )
@@ -412,8 +414,8 @@ def gather_values(value, indices, row_valid=None):
         flattened values (no transposes).
     """
     shape = ops.shape(value)
-    if 0 in value.shape or 0 in indices.shape:
-        # An empty batch or sequence (JAX's `take` loses the index shape).
+    if statically_empty(value, indices):
+        # JAX's `take` loses the index shape.
         return ops.zeros(
             (shape[0], ops.shape(indices)[2], shape[2], shape[3]), value.dtype
         )

@@ -85,17 +85,22 @@ def _softmax32(x, mask):
     return _apply_mask(ops.softmax(x, axis=-1), mask)
 
 
+def statically_empty(*tensors):
+    """True if a size known when tracing is 0 in one of `tensors` (an
+    empty batch or sequence, which keras MHA serves)."""
+    return any(0 in tuple(t.shape) for t in tensors)
+
+
 def row_max(x):
     """`max_j x` over the last axis, kept: `(..., T, 1)`.
 
-    `ops.max` raises on an empty tensor in eager mode (an empty batch or
-    sequence, which keras MHA serves): a statically empty `x` gets `-inf`
-    rows instead. (Not `ops.max(..., initial=-inf)`: on PyTorch it builds
-    the initial tensor on the CPU, which a CUDA `x` cannot be compared
-    with, and a TensorFlow graph with a dynamic empty size reduces to
-    `-inf` without help.)
+    `ops.max` raises on an empty tensor in eager mode: a statically empty
+    `x` gets `-inf` rows instead. (Not `ops.max(..., initial=-inf)`: on
+    PyTorch it builds the initial tensor on the CPU, which a CUDA `x`
+    cannot be compared with, and a TensorFlow graph with a dynamic empty
+    size reduces to `-inf` without help.)
     """
-    if any(isinstance(d, int) and d == 0 for d in x.shape):
+    if statically_empty(x):
         return ops.full((*ops.shape(x)[:-1], 1), float("-inf"), x.dtype)
     return ops.max(x, axis=-1, keepdims=True)
 

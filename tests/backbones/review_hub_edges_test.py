@@ -62,7 +62,8 @@ def test_frozen_conversion_stays_frozen_after_rebuild_and_reload(tmp_path):
         assert not any(_attention_variables_trainable(rebuilt))
 
 
-def test_freezing_a_block_after_conversion_keeps_the_shared_term():
+def _converted_with_shared_term():
+    """`(term, backbone)`: a GAN `KQAlignment` shared by every block."""
     term = kav.KQAlignment("gan", weight=0.1)
     converted = convert_backbone(
         tiny_bert(),
@@ -70,6 +71,11 @@ def test_freezing_a_block_after_conversion_keeps_the_shared_term():
         hybrid_init=0.0,
         attention_losses=[term],
     )
+    return term, converted
+
+
+def test_freezing_a_block_after_conversion_keeps_the_shared_term():
+    term, converted = _converted_with_shared_term()
     count = len(term.trainable_weights)
     assert count > 0
     converted.get_layer("transformer_layer_0").trainable = False
@@ -142,13 +148,7 @@ def test_freezing_the_whole_backbone_freezes_its_terms():
     """Keeping a shared term trainable when one block is frozen must not
     leave it training inside a frozen backbone (`backbone.trainable =
     False`, keras-hub's way to train only a task's head)."""
-    term = kav.KQAlignment("gan", weight=0.1)
-    converted = convert_backbone(
-        tiny_bert(),
-        kav.HybridAttention,
-        hybrid_init=0.0,
-        attention_losses=[term],
-    )
+    term, converted = _converted_with_shared_term()
     features = {
         name: keras.Input((None,), dtype="int32", name=name)
         for name in ("token_ids", "segment_ids", "padding_mask")
