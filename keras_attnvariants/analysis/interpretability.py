@@ -109,7 +109,9 @@ def gradient_importance(predict, embeddings):
     elif backend == "torch":
         import torch
 
-        h = torch.tensor(h0, requires_grad=True)
+        # On Keras's device (a GPU where there is one), as the model's
+        # weights are: `torch.tensor(h0)` would stay on the CPU.
+        h = ops.convert_to_tensor(h0).detach().requires_grad_(True)
         grads = np.zeros_like(h0)
         with torch.enable_grad():
             total = best_logits(h)
@@ -121,7 +123,7 @@ def gradient_importance(predict, embeddings):
             if total.requires_grad:
                 (grad,) = torch.autograd.grad(total, h, allow_unused=True)
                 if grad is not None:
-                    grads = grad.cpu().numpy()
+                    grads = ops.convert_to_numpy(grad)
     else:
         raise ValueError(
             "`gradient_importance` needs the TensorFlow, JAX or PyTorch "

@@ -290,6 +290,7 @@ class AttentionGuidanceRegularizer(AttentionLoss):
         # made before `strategy.scope()` and attached inside it then gets
         # a per-replica counter too.
         self._step = None
+        self._advanced_this_pass = False
         self.built = True
 
     @property
@@ -322,6 +323,9 @@ class AttentionGuidanceRegularizer(AttentionLoss):
                     name="step",
                 )
         return self._step
+
+    def _on_losses_cleared(self):
+        self._advanced_this_pass = False
 
     def build_for_attention(self, num_heads, key_dim):
         # Attention layers build inside the model's strategy scope.
@@ -429,11 +433,14 @@ class AttentionGuidanceRegularizer(AttentionLoss):
             ("token_ids", token_ids),
         ):
             _check_batch_and_length(arg, tensor, shape)
-        # `self.losses`: this term's values so far in this forward pass
-        # (Keras clears them when the outermost call starts), so a layer
-        # called again (ALBERT's groups) or a repeated index 0 never
-        # advances the counter twice in one step.
-        if training and index == 0 and not self.losses:
+        # Once per forward pass: a layer called again (ALBERT's groups) or
+        # a repeated index 0 never advances the counter twice in one step.
+        # A flag that clearing the losses resets (Keras clears them when
+        # the outermost call starts), not `not self.losses`: under
+        # `jit_compile` on PyTorch 2.11 (CUDA), torch.compile read that
+        # list as non-empty and the counter never advanced.
+        if training and index == 0 and not self._advanced_this_pass:
+            self._advanced_this_pass = True
             self.step.assign_add(1.0)
         alpha = self.current_alpha()
         if not head_map:

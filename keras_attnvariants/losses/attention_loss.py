@@ -175,6 +175,10 @@ class KeepsStepLosses:
             if remembered() is scope:
                 return
         super()._clear_losses()
+        self._on_losses_cleared()
+
+    def _on_losses_cleared(self):
+        """Called when a new forward pass clears this layer's losses."""
 
 
 @keras.saving.register_keras_serializable(package="keras_attnvariants")

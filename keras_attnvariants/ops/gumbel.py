@@ -85,7 +85,12 @@ def _shift_right(x, bits):
     """Logical `x >> bits` on 32-bit words (int32 read as uint32)."""
     shifted = ops.right_shift(x, hash_words(bits))
     if _word_dtype() == "int32":  # arithmetic shift: clear the sign copies
-        shifted = ops.bitwise_and(shifted, hash_words((1 << (32 - bits)) - 1))
+        # `~(-1 << (32 - bits))` as word ops, not the Python int
+        # `(1 << (32 - bits)) - 1`: under `jit_compile` on PyTorch,
+        # torch.compile may trace `bits` as a symbolic int, and PyTorch
+        # 2.11 (CUDA) failed to evaluate a symbolic `1 << n`.
+        low = ops.left_shift(hash_words(-1), hash_words(32 - bits))
+        shifted = ops.bitwise_and(shifted, ops.bitwise_not(low))
     return shifted
 
 

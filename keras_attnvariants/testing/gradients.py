@@ -32,8 +32,18 @@ def gradients(fn, upstream, *args):
 
         grads = jax.grad(loss, argnums=tuple(range(len(args))))(*args)
         return [np.asarray(g) for g in grads]
-    import torch
+    args = [torch_leaf(a) for a in args]
+    (fn(*args) * keras.ops.convert_to_tensor(upstream)).sum().backward()
+    return [keras.ops.convert_to_numpy(a.grad) for a in args]
 
-    args = [torch.tensor(a, requires_grad=True) for a in args]
-    (fn(*args) * torch.tensor(upstream)).sum().backward()
-    return [a.grad.numpy() for a in args]
+
+def torch_leaf(array):
+    """A PyTorch leaf tensor that requires a gradient, on Keras's device.
+
+    `torch.tensor(array)` lands on the CPU, while Keras puts the tensors it
+    makes (masks, constants, weights) on its default device, a GPU where
+    there is one: mixing the two raised "Expected all tensors to be on the
+    same device" on a GPU machine.
+    """
+    tensor = keras.ops.convert_to_tensor(array)
+    return tensor.detach().clone().requires_grad_(True)

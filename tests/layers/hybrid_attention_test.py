@@ -289,11 +289,9 @@ def hybrid_weight_gradient(layer, x, upstream):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(layer(x, x) * upstream)
         return tape.gradient(loss, layer.hybrid_weight.value).numpy()
-    import torch
-
     layer.hybrid_weight.value.grad = None
-    (layer(x, x) * torch.tensor(upstream)).sum().backward()
-    return layer.hybrid_weight.value.grad.numpy()
+    (layer(x, x) * keras.ops.convert_to_tensor(upstream)).sum().backward()
+    return keras.ops.convert_to_numpy(layer.hybrid_weight.value.grad)
 
 
 class HybridWeightBoundsTest(TestCase):

@@ -4,6 +4,7 @@ from absl.testing import parameterized
 from keras import ops
 
 from keras_attnvariants.ops.gradient_reversal import gradient_reversal
+from keras_attnvariants.testing.gradients import torch_leaf
 from keras_attnvariants.testing.test_case import TestCase
 
 
@@ -25,12 +26,10 @@ def value_and_grad(fn, x, upstream):
         y = fn(x)
         grad = jax.grad(lambda v: (fn(v) * upstream).sum())(x)
         return np.asarray(y), np.asarray(grad)
-    import torch
-
-    x = torch.tensor(x, requires_grad=True)
+    x = torch_leaf(x)
     y = fn(x)
-    (y * torch.tensor(upstream)).sum().backward()
-    return y.detach().numpy(), x.grad.numpy()
+    (y * ops.convert_to_tensor(upstream)).sum().backward()
+    return ops.convert_to_numpy(y.detach()), ops.convert_to_numpy(x.grad)
 
 
 class GradientReversalTest(TestCase):
