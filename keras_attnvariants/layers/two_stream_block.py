@@ -28,6 +28,15 @@ MODEL_ATTENTIONS = ("discrete", "soft")
 
 
 @keras.saving.register_keras_serializable(package="keras_attnvariants")
+def python_view(kwargs):
+    """`kwargs` with a NumPy int `view` made a Python int: Keras turns
+    NumPy call arguments into tensors, which the `view` check (and the
+    choice of controller) cannot read."""
+    if isinstance(kwargs.get("view"), np.integer):
+        kwargs = dict(kwargs, view=int(kwargs["view"]))
+    return kwargs
+
+
 class TwoStreamBlock(keras.layers.Layer):
     """A two-stream transformer layer (Kinley 2020, chapter 4.2).
 
@@ -294,15 +303,25 @@ class TwoStreamBlock(keras.layers.Layer):
         else:
             shape = np.shape(padding_mask)
         lengths = {shape[-1], x.shape[1]} - {None} if shape else set()
-        if len(shape) != 2 or len(lengths) > 1:
+        # A batch of 1 broadcasts; another mismatch failed in a backend
+        # `BroadcastTo`.
+        batches = {shape[0], x.shape[0]} - {None, 1} if shape else set()
+        if len(shape) != 2 or len(lengths) > 1 or len(batches) > 1:
             raise ValueError(
-                f"`padding_mask` must be `(B, T={x.shape[1]})` booleans. "
-                f"Received: padding_mask.shape={shape}"
+                f"`padding_mask` must be `(B={x.shape[0]}, T={x.shape[1]})` "
+                f"booleans. Received: padding_mask.shape={shape}"
             )
 
-    def _check_call_arguments(self, inputs, padding_mask, view):
-        """`ValueError` for a bad `view`, stream or `padding_mask` shape."""
+    def __call__(self, *args, **kwargs):
+        return super().__call__(*args, **python_view(kwargs))
+
+    def _check_call_arguments(
+        self, inputs, padding_mask, view, use_causal_mask=False
+    ):
+        """`ValueError` for a bad `view`, `use_causal_mask`, stream or
+        `padding_mask` shape."""
         check_int("view", view, low=0, high=self.num_controllers - 1)
+        check_bool("use_causal_mask", use_causal_mask)
         self._check_input_shape(
             keras.tree.map_structure(lambda x: tuple(x.shape), inputs)
         )
@@ -371,7 +390,9 @@ class TwoStreamBlock(keras.layers.Layer):
         training=None,
         mask=None,
     ):
-        self._check_call_arguments(inputs, padding_mask, view)
+        self._check_call_arguments(
+            inputs, padding_mask, view, use_causal_mask
+        )
         g = inputs[0] if self.mode == "two_stream" else inputs
         mask = self._mask(g, padding_mask, use_causal_mask, mask)
         # `mask` holds the streams' Keras masks; the projections (which do
@@ -418,7 +439,9 @@ class TwoStreamBlock(keras.layers.Layer):
     def compute_output_spec(self, inputs, padding_mask=None, view=0, **kwargs):
         # A functional model with a bad `view` or `padding_mask` was built,
         # and failed only when it ran.
-        self._check_call_arguments(inputs, padding_mask, view)
+        self._check_call_arguments(
+            inputs, padding_mask, view, kwargs.get("use_causal_mask", False)
+        )
         g = inputs[0] if self.mode == "two_stream" else inputs
         batch, length = g.shape[0], g.shape[1]
         z = keras.KerasTensor(

@@ -9,6 +9,7 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (
 from keras_attnvariants.layers.two_stream_block import MODEL_ATTENTIONS
 from keras_attnvariants.layers.two_stream_block import MODES
 from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
+from keras_attnvariants.layers.two_stream_block import python_view
 from keras_attnvariants.losses.attention_loss import KeepsStepLosses
 from keras_attnvariants.losses.attention_loss import batch_mean
 from keras_attnvariants.ops.receptive_field import receptive_field_mean_size
@@ -289,6 +290,8 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         training=None,
     ):
         check_int("view", view, low=0, high=self.num_views - 1)
+        check_bool("use_causal_mask", use_causal_mask)
+        check_bool("return_attention", return_attention)
         self._check_shape(tuple(token_ids.shape))
         token_ids = self._checked_length(token_ids)
         padding_mask = ops.not_equal(token_ids, 0)
@@ -326,6 +329,9 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         if return_attention:
             return h, attentions
         return h
+
+    def __call__(self, *args, **kwargs):
+        return super().__call__(*args, **python_view(kwargs))
 
     def compute_mask(self, token_ids, previous_mask=None):
         # The model stream's Keras mask (the attention list has none).

@@ -22,6 +22,7 @@ from keras_attnvariants.ops.normalization import math_dtype
 from keras_attnvariants.validation import SEED_LIMIT
 from keras_attnvariants.validation import check_attention_losses
 from keras_attnvariants.validation import check_bool
+from keras_attnvariants.validation import check_int
 from keras_attnvariants.validation import check_seed
 
 ATTENTION_PATHS = ("auto", "explicit", "fused")
@@ -84,6 +85,105 @@ def check_attention_inputs(query, value, key=None):
                 f"key with shape {tuple(key.shape)}, value with shape "
                 f"{tuple(value.shape)}"
             )
+
+
+def _runtime_shape_checked(query, value, key):
+    """`query`, `value` and `key`, on TensorFlow behind an assertion that
+    the batch sizes agree and `key` is as long as `value` where a size is
+    unknown when tracing (a graph of any batch: an exported model serving
+    traffic); else unchanged. Keras masks are carried over.
+
+    `check_attention_inputs` compares the known sizes only. In such a graph
+    a value batch of 1 was broadcast over a query batch of 2, silently,
+    and a shorter `key` failed in the Gumbel gather, which reads wrong
+    rows on a GPU. JAX and PyTorch trace with known sizes; XLA drops the
+    assertion.
+    """
+    unchanged = query, value, key
+    if keras.backend.backend() != "tensorflow":
+        return unchanged
+    tensors = {"query": query, "value": value}
+    if key is not None:
+        tensors["key"] = key
+    batches_known = all(isinstance(t.shape[0], int) for t in tensors.values())
+    lengths_known = key is None or (
+        isinstance(key.shape[1], int) and isinstance(value.shape[1], int)
+    )
+    if batches_known and lengths_known:
+        return unchanged
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return unchanged
+    checks = []
+    for name in tensors:
+        if name == "query":
+            continue
+        checks.append(
+            tf.debugging.assert_equal(
+                tf.shape(query)[0],
+                tf.shape(tensors[name])[0],
+                message=f"`query` and `{name}` must have the same batch size",
+            )
+        )
+    if key is not None:
+        checks.append(
+            tf.debugging.assert_equal(
+                tf.shape(key)[1],
+                tf.shape(value)[1],
+                message="`key` and `value` must have the same length",
+            )
+        )
+
+    def checked(tensor):
+        if tensor is None:
+            return None
+        with tf.control_dependencies(checks):
+            out = tf.identity(tensor)
+        mask = get_keras_mask(tensor)
+        if mask is not None:
+            set_keras_mask(out, mask)
+        return out
+
+    return checked(query), checked(value), checked(key)
+
+
+def _check_sizes(num_heads, key_dim, kwargs):
+    """`num_heads`, `key_dim` and, in `kwargs`, `value_dim`, `use_bias` and
+    `output_shape` checked and made Python values (in place for `kwargs`).
+
+    Keras MHA took `num_heads=True` (and stored it in its config),
+    `use_bias="no"` and `output_shape=0` (ignored), and rejected NumPy ints
+    with a message that showed a valid-looking value.
+    """
+    num_heads = check_int("num_heads", num_heads)
+    key_dim = check_int("key_dim", key_dim)
+    if kwargs.get("value_dim") is not None:
+        kwargs["value_dim"] = check_int("value_dim", kwargs["value_dim"])
+    if "use_bias" in kwargs:
+        kwargs["use_bias"] = check_bool("use_bias", kwargs["use_bias"])
+    output_shape = kwargs.get("output_shape")
+    if output_shape is not None:
+        sizes = (
+            list(output_shape)
+            if isinstance(output_shape, (list, tuple))
+            else [output_shape]
+        )
+        try:
+            sizes = [check_int("output_shape", size) for size in sizes]
+        except ValueError:
+            raise ValueError(
+                "`output_shape` must be None, an int >= 1 or a tuple of "
+                f"ints >= 1. Received: output_shape={output_shape!r}"
+            ) from None
+        if not sizes:
+            raise ValueError(
+                "`output_shape` must be None, an int >= 1 or a tuple of "
+                f"ints >= 1. Received: output_shape={output_shape!r}"
+            )
+        is_sequence = isinstance(output_shape, (list, tuple))
+        kwargs["output_shape"] = tuple(sizes) if is_sequence else sizes[0]
+    return num_heads, key_dim
 
 
 def check_padding_mask(name, mask, tensor):
@@ -230,7 +330,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             raise ValueError(
                 f"{type(self).__name__} supports attention over one sequence "
                 "axis only: `attention_axes` must be None or (1,). "
-                f"Received: attention_axes={attention_axes}"
+                f"Received: attention_axes={attention_axes!r}"
             )
         if kwargs.get("flash_attention"):
             # Keras MHA's flag: ignored here (returned scores and dropout
@@ -276,6 +376,14 @@ class VariantAttention(keras.layers.MultiHeadAttention):
                     "`keras_attnvariants.losses.AttentionLoss` instances. "
                     f"Received an element: {term!r}"
                 )
+        if len({id(term) for term in losses}) != len(losses):
+            # A term listed twice added its value twice per call (a
+            # guidance term failed with a misleading per-layer-map error).
+            raise ValueError(
+                "`attention_losses` must list each term once. Received: "
+                f"attention_losses={losses!r}"
+            )
+        num_heads, key_dim = _check_sizes(num_heads, key_dim, kwargs)
         super().__init__(num_heads=num_heads, key_dim=key_dim, **kwargs)
         self.attention_losses = losses
         for term in losses:
@@ -337,7 +445,9 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         self._check_call_masks(
             query, value, key, query_mask, value_mask, key_mask, attention_mask
         )
+        check_bool("return_attention_scores", return_attention_scores)
         self._check_causal(use_causal_mask)
+        query, value, key = _runtime_shape_checked(query, value, key)
         if query_mask is not None:
             # Keras MHA replaces `query_mask` by the Keras mask of `query`,
             # so one passed by keyword was dropped (padded queries then
@@ -364,7 +474,10 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             )
 
     def _check_causal(self, use_causal_mask):
-        """`ValueError` for `use_causal_mask=True` on a non-causal layer."""
+        """`ValueError` for `use_causal_mask=True` on a non-causal layer,
+        or for a `use_causal_mask` that is not a bool (a string such as
+        `"no"` was truthy)."""
+        check_bool("use_causal_mask", use_causal_mask)
         if use_causal_mask and not self.supports_causal:
             raise ValueError(
                 f"{type(self).__name__} is not causal: "

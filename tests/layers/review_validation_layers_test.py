@@ -1,0 +1,193 @@
+"""Argument checks of the attention layers and the two-stream layers found
+by a validation sweep (2026-11-26): each input here was accepted silently,
+applied twice, broadcast, or failed deep in a backend op."""
+
+import keras
+import numpy as np
+import pytest
+from absl.testing import parameterized
+
+import keras_attnvariants as kav
+from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
+from keras_attnvariants.layers.two_stream_encoder import TwoStreamEncoder
+from keras_attnvariants.testing.test_case import TestCase
+
+LAYERS = {
+    "dnas": kav.DoublyNormalizedAttention,
+    "hnas": kav.HybridAttention,
+    "gumbel": kav.GumbelDiscreteAttention,
+}
+
+
+def _x(batch=2, length=3, dim=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(batch, length, dim)).astype("float32")
+
+
+class ConstructorTest(TestCase):
+    @parameterized.parameters(*LAYERS)
+    def test_a_term_listed_twice_is_rejected(self, name):
+        # It added its value twice per call.
+        term = kav.KQAlignment(method="mmd", weight=1.0)
+        with self.assertRaisesRegex(ValueError, "each term once"):
+            LAYERS[name](2, 2, attention_losses=[term, term])
+
+    @parameterized.parameters(
+        ("num_heads", {"num_heads": True}),
+        ("num_heads", {"num_heads": 2.0}),
+        ("key_dim", {"key_dim": True}),
+        ("key_dim", {"key_dim": 0}),
+        ("value_dim", {"value_dim": True}),
+        ("use_bias", {"use_bias": "no"}),
+        ("use_bias", {"use_bias": None}),
+        ("output_shape", {"output_shape": 0}),
+        ("output_shape", {"output_shape": (4, 0)}),
+        ("output_shape", {"output_shape": ()}),
+    )
+    def test_bad_sizes_and_flags_raise_naming_the_argument(self, arg, bad):
+        kwargs = dict({"num_heads": 2, "key_dim": 2}, **bad)
+        for cls in LAYERS.values():
+            with self.assertRaisesRegex(ValueError, f"`{arg}` must be"):
+                cls(**kwargs)
+
+    def test_numpy_ints_are_accepted_and_stored_as_python_ints(self):
+        layer = kav.HybridAttention(
+            np.int64(2),
+            np.int32(3),
+            value_dim=np.int64(4),
+            output_shape=np.int64(5),
+            use_bias=np.bool_(False),
+        )
+        config = layer.get_config()
+        for key, want in (
+            ("num_heads", 2),
+            ("key_dim", 3),
+            ("value_dim", 4),
+            ("output_shape", (5,)),  # Keras MHA stores a tuple
+            ("use_bias", False),
+        ):
+            self.assertIs(type(config[key]), type(want))
+            self.assertEqual(config[key], want)
+        out = layer(_x(), _x())
+        self.assertEqual(tuple(out.shape), (2, 3, 5))
+
+    def test_output_shape_tuple_round_trips(self):
+        layer = kav.DoublyNormalizedAttention(2, 2, output_shape=[3, 2])
+        self.assertEqual(layer.get_config()["output_shape"], (3, 2))
+        out = layer(_x(), _x())
+        self.assertEqual(tuple(out.shape), (2, 3, 3, 2))
+        clone = kav.DoublyNormalizedAttention.from_config(layer.get_config())
+        self.assertEqual(tuple(clone(_x(), _x()).shape), (2, 3, 3, 2))
+
+    def test_attention_axes_message_shows_the_repr(self):
+        with self.assertRaisesRegex(ValueError, "attention_axes='x'"):
+            kav.HybridAttention(2, 2, attention_axes="x")
+
+
+class CallFlagsTest(TestCase):
+    @parameterized.parameters(*LAYERS)
+    def test_non_bool_use_causal_mask_raises(self, name):
+        # "no" is truthy: the Gumbel layer went causal.
+        layer = LAYERS[name](2, 2)
+        with self.assertRaisesRegex(
+            ValueError, "`use_causal_mask` must be a bool.*'no'"
+        ):
+            layer(_x(), _x(), use_causal_mask="no")
+
+    @parameterized.parameters(*LAYERS)
+    def test_non_bool_return_attention_scores_raises(self, name):
+        layer = LAYERS[name](2, 2)
+        with self.assertRaisesRegex(
+            ValueError, "`return_attention_scores` must be a bool"
+        ):
+            layer(_x(), _x(), return_attention_scores="no")
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="JAX and PyTorch trace with known sizes",
+)
+class GraphShapeTest(TestCase):
+    """In a TensorFlow graph with unknown sizes (an exported model), the
+    static checks see `None`: the mismatch is checked when it runs."""
+
+    @parameterized.parameters(*LAYERS)
+    def test_batch_mismatch_raises_when_the_graph_runs(self, name):
+        import tensorflow as tf
+
+        layer = LAYERS[name](2, 2)
+        layer(_x(), _x())
+        spec = tf.TensorSpec((None, None, 4), tf.float32)
+        fn = tf.function(lambda q, v: layer(q, v), input_signature=[spec] * 2)
+        # Equal batches run; a value batch of 1 was broadcast before.
+        self.assertEqual(tuple(fn(_x(2), _x(2, 5)).shape), (2, 3, 4))
+        with self.assertRaisesRegex(
+            tf.errors.InvalidArgumentError, "same batch size"
+        ):
+            fn(_x(2), _x(1, 5))
+
+    @parameterized.parameters(*LAYERS)
+    def test_key_length_mismatch_raises_when_the_graph_runs(self, name):
+        import tensorflow as tf
+
+        layer = LAYERS[name](2, 2)
+        layer(_x(), _x(), _x())
+        spec = tf.TensorSpec((None, None, 4), tf.float32)
+        fn = tf.function(
+            lambda q, v, k: layer(q, v, k), input_signature=[spec] * 3
+        )
+        self.assertEqual(
+            tuple(fn(_x(), _x(2, 5), _x(2, 5)).shape), (2, 3, 4)
+        )
+        with self.assertRaisesRegex(
+            tf.errors.InvalidArgumentError, "same length"
+        ):
+            fn(_x(), _x(2, 5), _x(2, 4))
+
+    def test_jit_compiled_fit_still_runs(self):
+        # XLA drops the assertion; it must not stop compilation.
+        x = keras.Input((None, 4))
+        model = keras.Model(x, kav.HybridAttention(2, 2)(x, x))
+        model.compile("sgd", "mse", jit_compile=True)
+        history = model.fit(_x(4), np.zeros((4, 3, 4)), epochs=1, verbose=0)
+        self.assertTrue(np.isfinite(history.history["loss"][0]))
+
+
+class TwoStreamArgumentsTest(TestCase):
+    def test_padding_mask_with_another_batch_raises(self):
+        g = _x()
+        mask = np.ones((3, 3), bool)
+        with self.assertRaisesRegex(
+            ValueError, r"`padding_mask` must be `\(B=2, T=3\)`"
+        ):
+            TwoStreamBlock(4, 2, 8)((g, g), padding_mask=mask)
+        # A batch of 1 still broadcasts.
+        (g2, _), _ = TwoStreamBlock(4, 2, 8)(
+            (g, g), padding_mask=np.ones((1, 3), bool)
+        )
+        self.assertEqual(tuple(g2.shape), (2, 3, 4))
+
+    def test_non_bool_flags_raise(self):
+        g = _x()
+        with self.assertRaisesRegex(ValueError, "`use_causal_mask` must be"):
+            TwoStreamBlock(4, 2, 8)((g, g), use_causal_mask="no")
+        encoder = TwoStreamEncoder(10, 6, 1, d_model=4, num_heads=2, d_ff=8)
+        tokens = np.array([[3, 4, 5, 0]])
+        with self.assertRaisesRegex(ValueError, "`use_causal_mask` must be"):
+            encoder(tokens, use_causal_mask="no")
+        with self.assertRaisesRegex(ValueError, "`return_attention` must be"):
+            encoder(tokens, return_attention="no")
+
+    def test_numpy_int_view_is_the_python_int_view(self):
+        tokens = np.array([[3, 4, 5, 0], [1, 2, 0, 0]])
+        encoder = TwoStreamEncoder(
+            10, 6, 1, d_model=4, num_heads=2, d_ff=8, num_views=2, seed=0
+        )
+        self.assertAllClose(
+            encoder(tokens, view=np.int64(1)), encoder(tokens, view=1)
+        )
+        block = TwoStreamBlock(4, 2, 8, num_controllers=2)
+        g = _x()
+        (_, h_numpy), _ = block((g, g), view=np.int64(1))
+        (_, h_int), _ = block((g, g), view=1)
+        self.assertAllClose(h_numpy, h_int)
