@@ -28,8 +28,10 @@ import keras
 from keras import ops
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
+from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.losses.attention_loss import token_ids_scope
 from keras_attnvariants.validation import check_attention_losses
+from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_seed
 from keras_attnvariants.validation import layer_seed
 
@@ -57,6 +59,13 @@ def transformer_blocks(backbone):
     A block shared by several depths (ALBERT's layer groups) appears once.
     """
     keras_hub = import_keras_hub()
+    if not isinstance(backbone, keras.layers.Layer):
+        # None failed with an AttributeError on `_flatten_layers`.
+        raise ValueError(
+            "`backbone` must be a keras-hub backbone (a "
+            "`keras_hub.models.Backbone` such as `BertBackbone`). "
+            f"Received: backbone={backbone!r}"
+        )
     block_classes = (
         keras_hub.layers.TransformerEncoder,
         keras_hub.layers.TransformerDecoder,
@@ -121,6 +130,61 @@ def _check_attention_class(attention_class):
             "layers (subclass it and implement `normalize`). Received: "
             "attention_class=VariantAttention"
         )
+
+
+def _check_attention_loss_terms(attention_losses):
+    """`ValueError` unless `attention_losses` is None or a list (or tuple)
+    of distinct `AttentionLoss` instances, as the attention layers require
+    (checked before any element is read)."""
+    check_attention_losses(attention_losses)
+    terms = list(attention_losses or [])
+    for term in terms:
+        if not isinstance(term, AttentionLoss):
+            raise ValueError(
+                "`attention_losses` must be a list of "
+                "`keras_attnvariants.losses.AttentionLoss` instances. "
+                f"Received: attention_losses={attention_losses!r} (an "
+                f"element: {term!r})"
+            )
+    if len({id(term) for term in terms}) != len(terms):
+        raise ValueError(
+            "`attention_losses` must list each term once. Received: "
+            f"attention_losses={attention_losses!r}"
+        )
+
+
+# MultiHeadAttention arguments that set the shapes (or the presence) of
+# the projection weights the converted layers take over.
+_WEIGHT_SHAPE_ARGUMENTS = ("num_heads", "key_dim", "value_dim", "use_bias")
+_WEIGHT_PRESENCE_ARGUMENTS = ("use_gate",)
+
+
+def _check_weight_shape_kwargs(backbone, attention_kwargs):
+    """`ValueError` naming the first attention argument that would give
+    the converted layers weights of other shapes than the backbone's (the
+    copy by path then failed on a variable, naming no argument)."""
+    names = _WEIGHT_SHAPE_ARGUMENTS + _WEIGHT_PRESENCE_ARGUMENTS
+    if not any(name in attention_kwargs for name in names):
+        return
+    for layer in self_attention_layers(backbone):
+        old = layer.get_config()
+        new = dict(old)
+        new.update({k: v for k, v in attention_kwargs.items() if k in old})
+        for config in (old, new):
+            # MultiHeadAttention's default: values as wide as keys.
+            if "value_dim" in config and not config["value_dim"]:
+                config["value_dim"] = config["key_dim"]
+        for name in names:
+            if name not in old or new[name] == old[name]:
+                continue
+            given = name if name in attention_kwargs else "key_dim"
+            raise ValueError(
+                f"`{given}` must match the self-attention of the backbone, "
+                "whose weights the converted layers take over "
+                f"({name}={old[name]!r} in {layer.path!r}); leave it out "
+                "to keep the backbone's. "
+                f"Received: {given}={attention_kwargs[given]!r}"
+            )
 
 
 def _class_reference(cls):
@@ -314,6 +378,32 @@ def _live(value):
     return value
 
 
+def _term_flags(attention_losses):
+    """`(layer, trainable)` of every attention loss term and its sublayers."""
+    return [
+        (layer, layer.trainable)
+        for term in attention_losses or []
+        for layer in term._flatten_layers(include_self=True)
+    ]
+
+
+class _LiveAttention:
+    """A converted backbone's attention class and kwargs (live objects)."""
+
+    def __init__(self, attention_class, attention_kwargs):
+        self.attention_class = attention_class
+        self.attention_kwargs = attention_kwargs
+
+    def config(self):
+        return {
+            "attention_class": _class_reference(self.attention_class),
+            "attention_kwargs": {
+                key: keras.saving.serialize_keras_object(value)
+                for key, value in self.attention_kwargs.items()
+            },
+        }
+
+
 class ConvertedBackbone:
     """Mixin of converted backbones; also their deserialization entry point.
 
@@ -354,19 +444,24 @@ class ConvertedBackbone:
             key: _live(value)
             for key, value in attention_config["attention_kwargs"].items()
         }
+        # The terms' flags as saved: the conversion's own `trainable`
+        # assignments (each converted layer takes its block's flag) thawed
+        # a frozen term on JAX and PyTorch.
+        flags = _term_flags(attention_kwargs.get("attention_losses"))
         convert_in_place(self, attention_class, attention_kwargs)
-        self._attention_config = {
-            "attention_class": _class_reference(attention_class),
-            "attention_kwargs": {
-                key: keras.saving.serialize_keras_object(value)
-                for key, value in attention_kwargs.items()
-            },
-        }
+        for layer, trainable in flags:
+            layer.trainable = trainable
+        # The live kwargs, serialized when a config is asked for: a term
+        # frozen (or otherwise changed) after the conversion was saved as
+        # it was at conversion time, and came back trainable. Held in a
+        # plain object, which Keras does not track: the terms are not
+        # sublayers of the backbone itself.
+        self._live_attention = _LiveAttention(attention_class, attention_kwargs)
 
     @property
     def attention_config(self):
-        """The attention class reference and its serialized kwargs."""
-        return self._attention_config
+        """The attention class reference and its kwargs, serialized now."""
+        return self._live_attention.config()
 
     def call(self, inputs, training=None, mask=None, **kwargs):
         # Named `training` and `mask`: Keras passes them only to a `call`
@@ -379,7 +474,7 @@ class ConvertedBackbone:
 
     def get_config(self):
         config = super().get_config()
-        config["attention_config"] = self._attention_config
+        config["attention_config"] = self.attention_config
         config["base_class"] = _class_reference(original_class(type(self)))
         return config
 
@@ -557,7 +652,10 @@ def convert_backbone(
         **attention_kwargs: constructor arguments of `attention_class`
             (e.g. `hybrid_init=0.0`), except `name` and `dtype`
             (`ValueError`: every converted layer keeps the name and dtype
-            policy of the layer it replaces). An int `seed` seeds the
+            policy of the layer it replaces). `num_heads`, `key_dim`,
+            `value_dim`, `use_bias` and `use_gate` must equal the
+            backbone's (`ValueError` otherwise: its weights would not
+            fit). `trainable` must be a bool. An int `seed` seeds the
             `i`-th converted layer with `(seed + i) % 2**31`, so that
             layers do not share dropout masks or Gumbel noise.
 
@@ -603,7 +701,15 @@ def convert_backbone(
         # Checked before the per-layer seeds wrap into range: -1 or 2**40
         # became other valid seeds instead of the layers' `ValueError`.
         attention_kwargs["seed"] = check_seed(attention_kwargs["seed"])
-    check_attention_losses(attention_losses)
+    if "trainable" in attention_kwargs:
+        # Assigned to each converted layer after the rebuild: "yes" or 1
+        # was accepted there.
+        attention_kwargs["trainable"] = check_bool(
+            "trainable", attention_kwargs["trainable"]
+        )
+    # Before `term_flags` below reads the elements' sublayers.
+    _check_attention_loss_terms(attention_losses)
+    _check_weight_shape_kwargs(backbone, attention_kwargs)
     if attention_losses:
         if not issubclass(attention_class, VariantAttention):
             raise ValueError(
@@ -630,11 +736,7 @@ def convert_backbone(
     # before the rebuild: on JAX the rebuild's own `trainable` assignments
     # (each converted layer takes its block's flag) had already unfrozen a
     # term the caller froze.
-    term_flags = [
-        (layer, layer.trainable)
-        for term in attention_losses or []
-        for layer in term._flatten_layers(include_self=True)
-    ]
+    term_flags = _term_flags(attention_losses)
     result = base.from_config.__func__(converted, config)
     copy_weights_by_path(backbone, result)
     copy_trainable_by_path(backbone, result)

@@ -27,7 +27,6 @@ MODES = ("two_stream", "single_stream")
 MODEL_ATTENTIONS = ("discrete", "soft")
 
 
-@keras.saving.register_keras_serializable(package="keras_attnvariants")
 def python_view(kwargs):
     """`kwargs` with a NumPy int `view` made a Python int: Keras turns
     NumPy call arguments into tensors, which the `view` check (and the
@@ -37,6 +36,7 @@ def python_view(kwargs):
     return kwargs
 
 
+@keras.saving.register_keras_serializable(package="keras_attnvariants")
 class TwoStreamBlock(keras.layers.Layer):
     """A two-stream transformer layer (Kinley 2020, chapter 4.2).
 
@@ -390,9 +390,7 @@ class TwoStreamBlock(keras.layers.Layer):
         training=None,
         mask=None,
     ):
-        self._check_call_arguments(
-            inputs, padding_mask, view, use_causal_mask
-        )
+        self._check_call_arguments(inputs, padding_mask, view, use_causal_mask)
         g = inputs[0] if self.mode == "two_stream" else inputs
         mask = self._mask(g, padding_mask, use_causal_mask, mask)
         # `mask` holds the streams' Keras masks; the projections (which do

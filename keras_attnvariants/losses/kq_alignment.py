@@ -27,6 +27,23 @@ def _same(a, b):
     return a is None or b is None or a == b
 
 
+def _check_rank_3(name, tensor):
+    """`ValueError` unless `tensor` has a static rank-3 `shape`."""
+    shape = getattr(tensor, "shape", None)
+    if shape is None:
+        # A list failed with an AttributeError on `.shape`.
+        raise ValueError(
+            f"`{name}` must be a tensor or NumPy array (batch, length, "
+            f"dim). Received: {name} of type {type(tensor).__name__}"
+        )
+    if len(shape) != 3:
+        # MHA would attend over other axes, or not project to (B, T, N, H).
+        raise ValueError(
+            f"`{name}` must be (batch, length, dim). "
+            f"Received: {name}.shape={tuple(shape)}"
+        )
+
+
 def kq_projections(mha, query, key=None, value=None):
     """Projected queries and keys of a `keras.layers.MultiHeadAttention`.
 
@@ -52,9 +69,20 @@ def kq_projections(mha, query, key=None, value=None):
 
     Returns:
         `(query (B, T, N, H), key (B, S, N, H))`.
+
+    Raises:
+        ValueError: if `mha` is not a `keras.layers.MultiHeadAttention` or
+            an input is not a rank-3 tensor or NumPy array.
     """
+    if not isinstance(mha, keras.layers.MultiHeadAttention):
+        raise ValueError(
+            "`mha` must be a `keras.layers.MultiHeadAttention` (or a "
+            f"subclass). Received: mha={mha!r}"
+        )
     key = query if key is None else key
     value = key if value is None else value
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        _check_rank_3(name, tensor)
     if not mha.built:
         # MHA's build takes (query, value, key) shapes: with the key's
         # shape as the value's, a value of another width was then
@@ -223,7 +251,9 @@ class KQAlignment(AttentionLoss):
         query: projected queries `(B, T, N, H)`.
         key: projected keys `(B, S, N, H)`.
         query_mask: optional boolean `(B, T)`, `True` = real token.
-        key_mask: optional boolean `(B, S)`.
+        key_mask: optional boolean `(B, S)`. Both masks have one row per
+            example: a `(1, T)` / `(1, S)` mask raises `ValueError` (it is
+            not broadcast over the batch).
 
     Returns:
         float32 scalar, `weight` times the mean per-example, per-head
@@ -384,6 +414,15 @@ class KQAlignment(AttentionLoss):
                     (None, None, None, hidden),
                 ),
             ]
+        if not self.trainable:
+            # A term frozen before it was built (a reloaded frozen term,
+            # or one frozen before attaching): the adversary sublayers were
+            # made trainable, and Keras lists a frozen layer's nested
+            # trainable variables in `trainable_weights`, so `fit` trained
+            # them (on TensorFlow, re-setting `trainable = False` on the
+            # term is a no-op).
+            for layer in self._flatten_layers(include_self=False):
+                layer.trainable = False
         self.built = True
 
     def build_for_attention(self, num_heads, key_dim):
@@ -452,9 +491,17 @@ class KQAlignment(AttentionLoss):
             if len(shape) != 2 or not all(
                 _same(a, b) for a, b in zip(shape, points)
             ):
+                # One row per example, as documented: unlike the attention
+                # layers' masks, a (1, length) mask is not broadcast.
+                hint = (
+                    " (one row per example: a (1, length) mask is not "
+                    "broadcast over the batch)"
+                    if len(shape) == 2 and shape[0] == 1
+                    else ""
+                )
                 raise ValueError(
                     f"`{name}` must be a boolean (batch, length) = {points} "
-                    f"tensor. Received: {name} with shape {shape}"
+                    f"tensor{hint}. Received: {name}.shape={shape}"
                 )
 
     def from_attention(self, context):
