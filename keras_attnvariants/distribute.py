@@ -167,8 +167,10 @@ def pick_strategy(tpu=None, cpu_replicas=None):
         cpus = tf.config.list_logical_devices("CPU")[:cpu_replicas]
         if len(cpus) < cpu_replicas:
             raise ValueError(
-                f"Asked for cpu_replicas={cpu_replicas} but only {len(cpus)} "
-                "logical CPU devices exist; call split_cpu() first."
+                f"`cpu_replicas` must be at most the {len(cpus)} logical CPU "
+                "device(s) that exist; call `split_cpu(cpu_replicas)` "
+                "before TensorFlow initializes its devices to make more. "
+                f"Received: cpu_replicas={cpu_replicas}"
             )
         return tf.distribute.MirroredStrategy([d.name for d in cpus])
     return tf.distribute.get_strategy()

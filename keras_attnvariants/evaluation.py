@@ -27,8 +27,9 @@ def expected_calibration_error(probabilities, labels, num_bins=15):
     (b + 1) / num_bins)`; the last bin also holds 1. Empty bins add 0.
 
     Args:
-        probabilities: `(n, classes)` predicted probabilities; `(n, 1)` is
-            a binary classifier's probability of class 1 (a sigmoid).
+        probabilities: `(n, classes)` predicted probabilities in `[0, 1]`
+            (NaN is rejected); `(n, 1)` is a binary classifier's
+            probability of class 1 (a sigmoid).
         labels: `(n,)` integer labels in `[0, classes)` (`[0, 2)` for
             `(n, 1)` probabilities).
         num_bins: int >= 1. Defaults to `15`.
@@ -46,10 +47,13 @@ def expected_calibration_error(probabilities, labels, num_bins=15):
             f"Received: probabilities.shape={probabilities.shape}, "
             f"labels.shape={labels.shape}"
         )
-    if ((probabilities < 0) | (probabilities > 1)).any():
+    # Written so that NaN fails too (every comparison with NaN is False).
+    outside = ~((probabilities >= 0) & (probabilities <= 1))
+    if outside.any():
         raise ValueError(
-            "`probabilities` must lie in [0, 1] (not logits). Received: "
-            f"min={probabilities.min()}, max={probabilities.max()}"
+            "`probabilities` must be finite and lie in [0, 1] (not logits). "
+            "Received: probabilities holding "
+            f"{np.unique(probabilities[outside])[:5].tolist()}"
         )
     num_bins = check_int("num_bins", num_bins)
     classes = probabilities.shape[1]

@@ -15,12 +15,21 @@ from keras_attnvariants.evaluation import as_numpy
 from keras_attnvariants.evaluation import key_attention_totals
 
 
+def _shape(value):
+    """The shape of an array, tensor or nested list, as a tuple."""
+    if hasattr(value, "shape"):
+        return tuple(value.shape)
+    return np.shape(value)
+
+
 def attention_importance(attentions, mask=None, query_mask=None):
     """`(B, S)` attention received by each token, summed over everything.
 
     Args:
-        attentions: list of per-layer weights `(B, N, T, S)` (or
-            `(B, T, S)`).
+        attentions: list (or tuple) of per-layer weights `(B, N, T, S)`
+            (or `(B, T, S)`), all with the same batch `B` and keys `S`;
+            for one layer pass `[weights]` (a single array raises
+            `ValueError`: iterated, it gave the examples as layers).
         mask: optional `(B, S)` booleans; padded tokens get 0.
         query_mask: optional `(B, T)` booleans, valid queries: the rows of
             padded queries are left out of the sum (in self-attention, pass
@@ -29,18 +38,42 @@ def attention_importance(attentions, mask=None, query_mask=None):
     Returns:
         float32 NumPy array `(B, S)`.
     """
-    if not len(attentions):
+    if not isinstance(attentions, (list, tuple)) or not attentions:
+        shape = getattr(attentions, "shape", None)
+        received = (
+            f"attentions of type {type(attentions).__name__} with shape "
+            f"{tuple(shape)}"
+            if shape is not None
+            else f"attentions={attentions!r}"
+        )
         raise ValueError(
-            "`attentions` must be a non-empty list of per-layer weights. "
-            f"Received: attentions={attentions}"
+            "`attentions` must be a non-empty list (or tuple) of per-layer "
+            "weights (B, N, T, S) or (B, T, S); for one layer pass "
+            f"`[weights]`. Received: {received}"
         )
     total = 0.0
+    first = None
     for z in attentions:
+        if z is None:
+            raise ValueError(
+                "Each of `attentions` must be (B, N, T, S) or (B, T, S) "
+                "weights. Received: an element None"
+            )
         z = as_numpy(ops.cast(z, "float32"))
         if z.ndim not in (3, 4):
             raise ValueError(
                 "Each of `attentions` must be (B, N, T, S) or (B, T, S). "
                 f"Received: shape={z.shape}"
+            )
+        if first is None:
+            first = z.shape
+        elif (z.shape[0], z.shape[-1]) != (first[0], first[-1]):
+            # Summed over layers, other sizes broadcast (a batch of 1) or
+            # failed in NumPy without naming the argument.
+            raise ValueError(
+                "All of `attentions` must have the same batch B and keys "
+                "S. Received: shapes "
+                f"{[_shape(a) for a in attentions]}"
             )
         if mask is not None and np.shape(mask) != (z.shape[0], z.shape[-1]):
             raise ValueError(

@@ -32,8 +32,9 @@ def attention_weights(backbone, inputs, training=False):
         out with the `padding_mask` when aggregating.
 
     Raises:
-        ValueError: if `backbone` holds no such block, or a block that
-            keeps its self-attention elsewhere (Moonshine's).
+        ValueError: if `backbone` is not a Keras layer (e.g. None), holds
+            no such block, or a block that keeps its self-attention
+            elsewhere (Moonshine's).
 
     Example:
 
@@ -57,6 +58,10 @@ def hybrid_weights(backbone):
 
     Returns:
         float32 NumPy array, one row per distinct attention layer.
+
+    Raises:
+        ValueError: if `backbone` is not a keras-hub backbone (e.g. None)
+            or holds no `HybridAttention` layer.
     """
     rows = [
         np.asarray(layer.hybrid_weights, "float32")

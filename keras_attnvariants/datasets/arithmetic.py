@@ -10,6 +10,8 @@ depth is the deepest parenthesis nesting of the infix view, i.e. the
 height of the operator tree minus one. Depth 1 is e.g. `(4 + 1) * 3`.
 """
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from keras_attnvariants.validation import check_int
@@ -86,17 +88,40 @@ def multiview_arithmetic(num_examples, max_depth=3, seed=None):
     }
 
 
+def _expression_text(index, text):
+    """Element `index` of `tokenize`'s `expressions` as a str."""
+    if isinstance(text, bytes):
+        # `str(b"1+2")` is "b'1+2'": the quote and `b` were then reported
+        # as characters outside the vocabulary.
+        try:
+            return text.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    elif isinstance(text, str):
+        return str(text)
+    raise ValueError(
+        "`expressions` must hold expression strings (or UTF-8 bytes). "
+        f"Received: expressions[{index}]={text!r}"
+    )
+
+
 def tokenize(expressions):
     """Character-level token ids (spaces dropped), right-padded with 0.
 
     Vocabulary: 0 = padding, 1..5 = digits 0..4, 6 `+`, 7 `*`, 8 `(`,
     9 `)`. Returns an int32 array `(num_expressions, max_length)`.
 
+    `expressions` is an iterable (list, tuple, NumPy array, ...) of
+    strings; UTF-8 `bytes` (what a `tf.data` pipeline yields) are decoded.
+
     Raises:
         ValueError: for a single string instead of a list of them, no
-            expressions or a character outside the vocabulary.
+            expressions, an element that is not a string (a number is not
+            turned into one) or a character outside the vocabulary.
     """
-    if isinstance(expressions, (str, bytes)):
+    if isinstance(expressions, (str, bytes)) or not isinstance(
+        expressions, Iterable
+    ):
         # A str is iterable: each character would become an expression.
         raise ValueError(
             "`expressions` must be a list of expression strings (e.g. "
@@ -104,7 +129,9 @@ def tokenize(expressions):
         )
     vocab = {str(d): d + 1 for d in range(DIGITS)}
     vocab.update({"+": 6, "*": 7, "(": 8, ")": 9})
-    expressions = [str(text) for text in expressions]
+    expressions = [
+        _expression_text(i, text) for i, text in enumerate(expressions)
+    ]
     if not expressions:
         raise ValueError(
             "`expressions` must hold at least one expression. Received: "

@@ -15,6 +15,7 @@ would hold symbolic tensors.
 import contextlib
 import functools
 import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from keras import layers as keras_layers
@@ -80,6 +81,13 @@ def record_attention(layers, with_weights=False):
             "`layers` must be an iterable of "
             "`keras.layers.MultiHeadAttention` (e.g. `[layer]`). "
             f"Received: a single {type(layers).__name__}"
+        )
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
+        # None raised TypeError ("not iterable") from `dict.fromkeys`.
+        raise ValueError(
+            "`layers` must be an iterable of "
+            "`keras.layers.MultiHeadAttention` (e.g. `[layer]`). "
+            f"Received: layers={layers!r}"
         )
     layers = list(dict.fromkeys(layers))
     for layer in layers:

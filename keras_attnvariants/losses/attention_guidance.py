@@ -120,6 +120,13 @@ def _check_batch_and_length(name, tensor, weights_shape):
         )
 
 
+def _check_layer_index(layer_index):
+    """`layer_index` as a Python int >= 0 (`None`: 0)."""
+    if layer_index is None:
+        return 0
+    return check_int("layer_index", layer_index, low=0)
+
+
 @keras.saving.register_keras_serializable(package="keras_attnvariants")
 class AttentionGuidanceRegularizer(AttentionLoss):
     """Attention guidance loss: pulls guided heads toward fixed patterns.
@@ -195,9 +202,9 @@ class AttentionGuidanceRegularizer(AttentionLoss):
         attention_weights: `(B, N, T, T)` self-attention weights.
         padding_mask: boolean `(B, T)`, `True` = real token, or `None`.
         token_ids: int `(B, T)`, needed by "delimiter" / "period".
-        layer_index: int or `None`. Which head map of a per-layer list, and
-            whether this call advances the step counter (the first call
-            with index 0 in a forward pass).
+        layer_index: int >= 0 (Python or NumPy) or `None` (0). Which head
+            map of a per-layer list, and whether this call advances the
+            step counter (the first call with index 0 in a forward pass).
         training: bool. The step counter advances only in training.
 
     Returns:
@@ -332,6 +339,16 @@ class AttentionGuidanceRegularizer(AttentionLoss):
         self.step  # noqa: B018 (creates the counter)
 
     def __call__(self, *args, **kwargs):
+        # Checked here, while it is still a Python / NumPy value: Keras
+        # turns a NumPy `layer_index` into a tensor before `call`. Passed
+        # on as a keyword: Keras takes only tensors positionally.
+        if len(args) > 3:
+            if "layer_index" in kwargs:
+                raise TypeError("`layer_index` was given twice.")
+            kwargs["layer_index"] = args[3]
+            args = (*args[:3], *args[4:])
+        if "layer_index" in kwargs:
+            kwargs["layer_index"] = _check_layer_index(kwargs["layer_index"])
         # Called directly (not attached), the first call creates the
         # counter: a symbolic call (functional model, or `fit`'s symbolic
         # build, where it is initialized when that scope closes) does so
@@ -412,7 +429,7 @@ class AttentionGuidanceRegularizer(AttentionLoss):
         layer_index=None,
         training=None,
     ):
-        index = 0 if layer_index is None else int(layer_index)
+        index = _check_layer_index(layer_index)
         head_map = self._head_map(index)
         weights = ops.cast(attention_weights, "float32")
         shape = tuple(weights.shape)
@@ -540,13 +557,14 @@ def guidance_attention_bias(
         head_patterns: dict `{head_index: pattern}`.
         num_heads: int. Heads `N` of the attention.
         padding_mask: boolean `(B, T)`.
-        strength: float. Logit added at the pattern's targets. Defaults to
-            `1.0`.
+        strength: finite float (Python or NumPy, not a bool). Logit added
+            at the pattern's targets. Defaults to `1.0`.
         token_ids, delimiter_ids, period_id, edge_rows: as in
             `AttentionGuidanceRegularizer`.
     """
     head_map = _normalize_head_map(head_patterns, False)
     num_heads = check_int("num_heads", num_heads)
+    strength = check_float("strength", strength, low=None)
     if max(head_map) >= num_heads:
         raise ValueError(
             f"`head_patterns` guides head {max(head_map)} but "

@@ -45,7 +45,21 @@ def batch_mean(values):
     Under `tf.distribute` a final batch smaller than the number of
     replicas leaves some replicas with no example: `ops.mean` is 0 / 0
     there, and the NaN reaches the logged loss (Keras's own losses give 0).
+
+    `values` is a tensor or an array-like (NumPy array, list) of rank >= 1
+    (`ValueError` for a scalar); a non-float one is averaged in float32.
     """
+    if not (ops.is_tensor(values) or keras.backend.is_keras_tensor(values)):
+        # A list has no `dtype`.
+        values = ops.convert_to_tensor(values)
+    if not keras.backend.is_float_dtype(values.dtype):
+        # An int sum divided by a float count raised TypeError.
+        values = ops.cast(values, "float32")
+    if len(values.shape) == 0:
+        raise ValueError(
+            "`values` must have a leading batch axis (rank >= 1). "
+            f"Received: values.shape={tuple(values.shape)}"
+        )
     count = ops.cast(ops.shape(values)[0], values.dtype)
     return ops.sum(values, axis=0) / ops.maximum(count, 1.0)
 

@@ -23,6 +23,7 @@ position is a real key too, so padding never enters a cloud.
 """
 
 import itertools
+from collections.abc import Iterable
 
 import numpy as np
 from keras import layers
@@ -42,8 +43,24 @@ def _all_layers(model):
         yield from _all_layers(child)
 
 
+def _check_model(model):
+    """`ValueError` unless `model` is a Keras layer (a model is one)."""
+    if not isinstance(model, layers.Layer):
+        # None or a string failed with an AttributeError on
+        # `_flatten_layers`.
+        raise ValueError(
+            "`model` must be a Keras model (or layer) containing "
+            "`keras.layers.MultiHeadAttention` layers. "
+            f"Received: model={model!r}"
+        )
+
+
 def attention_layers(model):
-    """All `MultiHeadAttention` layers of `model`, outermost first."""
+    """All `MultiHeadAttention` layers of `model`, outermost first.
+
+    Raises `ValueError` if `model` is not a Keras model or layer.
+    """
+    _check_model(model)
     found = [
         layer
         for layer in _all_layers(model)
@@ -104,20 +121,32 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
         layers (the paper's figure; NaN when no layer was measured).
 
     Raises:
-        ValueError: for a model without attention layers or a dataset with
-            no batch (rather than a total of 0, which reads as aligned).
+        ValueError: for a `model` that is not a Keras model or layer, or
+            has no attention layers, a `dataset` that is not an iterable of
+            batches or yields none (rather than a total of 0, which reads
+            as aligned).
     """
     # Checked before the loop: `max_batches=0` (or a negative count)
     # returned a total of 0, which reads as perfect alignment, and an
     # invalid `bandwidth` went unnoticed when no batch was run.
     bandwidth = check_float("bandwidth", bandwidth)
-    if isinstance(dataset, (dict, np.ndarray)) or ops.is_tensor(dataset):
-        # Iterated, a dict gave its keys and an array its rows as batches.
+    _check_model(model)
+    if (
+        isinstance(dataset, (dict, np.ndarray, str, bytes))
+        or ops.is_tensor(dataset)
+        or not isinstance(dataset, Iterable)
+    ):
+        # Iterated, a dict gave its keys and an array its rows as batches;
+        # None or a number raised TypeError ("not iterable").
+        received = (
+            f"dataset of type {type(dataset).__name__}"
+            if isinstance(dataset, (dict, np.ndarray)) or ops.is_tensor(dataset)
+            else f"dataset={dataset!r}"
+        )
         raise ValueError(
             "`dataset` must be an iterable of batches (e.g. a list of "
             "input dicts or a `tf.data.Dataset`); for one batch of inputs "
-            f"pass `[inputs]`. Received: dataset of type "
-            f"{type(dataset).__name__}"
+            f"pass `[inputs]`. Received: {received}"
         )
     if max_batches is not None:
         max_batches = check_int("max_batches", max_batches)
