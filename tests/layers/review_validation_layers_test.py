@@ -136,9 +136,7 @@ class GraphShapeTest(TestCase):
         fn = tf.function(
             lambda q, v, k: layer(q, v, k), input_signature=[spec] * 3
         )
-        self.assertEqual(
-            tuple(fn(_x(), _x(2, 5), _x(2, 5)).shape), (2, 3, 4)
-        )
+        self.assertEqual(tuple(fn(_x(), _x(2, 5), _x(2, 5)).shape), (2, 3, 4))
         with self.assertRaisesRegex(
             tf.errors.InvalidArgumentError, "same length"
         ):
