@@ -13,7 +13,8 @@ import numpy as np
 
 from keras_attnvariants.validation import check_int
 
-# Token ids: digits are themselves; "(" = 5, ")" = 6.
+# Token ids: digits are themselves; "(" = 5, ")" = 6. The digit 0 is id 0,
+# which `TwoStreamEncoder` reads as padding: shift the tokens by 1 first.
 OPEN = 5
 CLOSE = 6
 VOCAB_SIZE = 7
@@ -59,7 +60,9 @@ def stack_language(num_examples, length=30, seed=None):
         seed: int >= 0 or `None`. NumPy seed. Defaults to `None`.
 
     Returns:
-        dict: `tokens` int32 `(num_examples, length)`; `dependencies` bool
+        dict: `tokens` int32 `(num_examples, length)` (digits are their
+        own ids, so the digit 0 is id 0: add 1 before a model that reads
+        id 0 as padding, such as `TwoStreamEncoder`); `dependencies` bool
         `(num_examples, length, length)`, row `i` the true receptive field
         of the prediction at `i` (of token `i + 1`); `depth` int32
         `(num_examples, length)`, the nesting depth after each token.

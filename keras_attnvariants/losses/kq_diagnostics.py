@@ -87,16 +87,20 @@ def _self_attention_ids(model):
 
 
 def layer_labels(targets):
-    """`{id(layer): label}`: the layer name, `name_<i>` when names repeat."""
+    """`{id(layer): label}`: the layer name, `name_<i>` when names repeat
+    (`i` counts the layers of that name, as the README says; it counted
+    every attention layer, so one other layer first shifted them)."""
     names = [layer.name for layer in targets]
-    return {
-        id(layer): (
-            layer.name
-            if names.count(layer.name) == 1
-            else f"{layer.name}_{index}"
-        )
-        for index, layer in enumerate(targets)
-    }
+    seen = {}
+    labels = {}
+    for layer in targets:
+        if names.count(layer.name) == 1:
+            labels[id(layer)] = layer.name
+            continue
+        index = seen.get(layer.name, 0)
+        seen[layer.name] = index + 1
+        labels[id(layer)] = f"{layer.name}_{index}"
+    return labels
 
 
 def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):

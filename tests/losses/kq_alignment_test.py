@@ -653,6 +653,21 @@ class KeyQueryMMDDiagnosticTest(TestCase):
         # The recording wrappers are gone.
         self.assertNotIn("_compute_attention", vars(layer))
 
+    def test_repeated_names_are_counted_among_their_name(self):
+        # The README's `name_0, name_1`: another attention layer first
+        # made them `a_1, a_2`.
+        from keras_attnvariants.losses.kq_diagnostics import layer_labels
+
+        layers = [
+            keras.layers.MultiHeadAttention(2, 4, name="b"),
+            keras.layers.MultiHeadAttention(2, 4, name="a"),
+            keras.layers.MultiHeadAttention(2, 4, name="a"),
+        ]
+        got = layer_labels(layers)
+        self.assertEqual(
+            [got[id(layer)] for layer in layers], ["b", "a_0", "a_1"]
+        )
+
     def test_same_named_layers_are_kept_apart(self):
         # keras-hub names every block's attention "self_attention_layer".
         from keras_attnvariants.losses.kq_diagnostics import key_query_mmd
