@@ -104,3 +104,112 @@ def check_attention_losses(attention_losses):
             "`keras_attnvariants.losses.AttentionLoss` instances. "
             f"Received: attention_losses={attention_losses!r}"
         )
+
+
+def check_unit_float(name, value):
+    """`value` as a Python float in `[0, 1]` (Python and NumPy numbers, not
+    booleans or nan)."""
+    ok = not _is_bool(value) and isinstance(value, numbers.Real)
+    if ok:
+        ok = math.isfinite(value) and 0.0 <= value <= 1.0
+    if not ok:
+        raise ValueError(
+            f"`{name}` must be a float in [0, 1]. Received: {name}={value!r}"
+        )
+    return float(value)
+
+
+def _static_dim(dim):
+    """An int for a dimension known when tracing, None otherwise (None, a
+    tensor, a symbolic dimension of a JAX export)."""
+    if _is_bool(dim) or not isinstance(dim, numbers.Integral):
+        return None
+    try:
+        return int(dim)
+    except Exception:  # a symbolic dimension without a value
+        return None
+
+
+def static_shape(x):
+    """The shape of `x` known when tracing: a tuple of ints and None
+    (unknown sizes), or None for an unknown rank. Reads `x.shape` only
+    (no op runs); array-likes without one (lists, Python numbers) get
+    NumPy's shape."""
+    shape = getattr(x, "shape", None)
+    try:
+        if shape is None:
+            shape = np.shape(x)
+        dims = tuple(shape)
+    except (TypeError, ValueError):  # unknown rank; ragged lists
+        return None
+    return tuple(_static_dim(d) for d in dims)
+
+
+def check_broadcastable(name, shape, target_shape, target):
+    """`ValueError` unless the static `shape` of argument `name` broadcasts
+    to `target_shape` (the shape of `target`, words for the message): no
+    more axes, and each trailing size 1 or equal. Unknown sizes (None) and
+    an unknown rank (`shape` None) pass."""
+    if shape is None or target_shape is None:
+        return
+    ok = len(shape) <= len(target_shape) and all(
+        d is None or t is None or d in (1, t)
+        for d, t in zip(reversed(shape), reversed(target_shape))
+    )
+    if not ok:
+        raise ValueError(
+            f"`{name}` must be broadcastable to {target}, shape "
+            f"{target_shape}. Received: {name} with shape {shape}"
+        )
+
+
+def check_rank(name, shape, ranks, expected):
+    """`ValueError` unless the static `shape` of argument `name` has one of
+    the `ranks` (an unknown rank, `shape` None, passes). `expected` words
+    the form, e.g. `"(B, N, T)"`."""
+    if shape is not None and len(shape) not in ranks:
+        raise ValueError(
+            f"`{name}` must have shape {expected}. "
+            f"Received: {name} with shape {shape}"
+        )
+
+
+def same_size(a, b):
+    """False only when both static sizes are known and differ."""
+    return a is None or b is None or a == b
+
+
+def check_shape(name, shape):
+    """`shape` as a tuple of sizes: Python or NumPy ints >= 0, or scalar
+    tensors (dynamic sizes, passed unchecked). `ValueError` for an int
+    instead of a sequence, a string, or a size that is None, a bool, a
+    float or negative."""
+    dims = None
+    if not isinstance(shape, (str, bytes)) and hasattr(shape, "__len__"):
+        try:
+            dims = tuple(shape)
+        except (TypeError, ValueError):  # unknown rank; a symbolic tensor
+            dims = None
+    ok = dims is not None and all(
+        not (
+            d is None
+            or isinstance(d, (str, bytes))
+            or _is_bool(d)
+            or (
+                isinstance(d, numbers.Number)
+                and not (isinstance(d, numbers.Integral) and d >= 0)
+            )
+        )
+        for d in dims
+    )
+    if not ok:
+        raise ValueError(
+            f"`{name}` must be a tuple of ints >= 0. Received: {name}={shape!r}"
+        )
+    return dims
+
+
+def static_sizes(shape):
+    """A shape tuple (e.g. from `ops.shape`, which may hold tensors for
+    dynamic sizes) as ints and None (unknown sizes)."""
+    return tuple(_static_dim(d) for d in shape)

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
+from keras_attnvariants.ops import gumbel as gumbel_ops
 from keras_attnvariants.ops.combine import relaxed_gumbel_attend
 from keras_attnvariants.ops.combine import softmax_attend
 from keras_attnvariants.ops.combine import straight_through_gumbel_attend
@@ -24,8 +25,8 @@ from keras_attnvariants.validation import check_seed
 INFERENCE_MODES = ("argmax", "sample", "soft")
 
 # Lower bound applied to the temperature variable inside `call`, so a
-# schedule that reaches 0 cannot divide by zero.
-MIN_TEMPERATURE = 1e-4
+# schedule that reaches 0 cannot divide by zero (the ops' own floor).
+MIN_TEMPERATURE = gumbel_ops.MIN_TEMPERATURE
 
 
 def check_temperature(temperature):

@@ -22,19 +22,52 @@ from keras import ops
 from keras_attnvariants.ops.masking import MASK_FILL
 from keras_attnvariants.ops.normalization import row_max
 from keras_attnvariants.ops.normalization import statically_empty
+from keras_attnvariants.validation import check_broadcastable
 from keras_attnvariants.validation import check_float
+from keras_attnvariants.validation import check_rank
+from keras_attnvariants.validation import check_seed
+from keras_attnvariants.validation import check_shape
+from keras_attnvariants.validation import same_size
+from keras_attnvariants.validation import static_shape
 
 FLOAT32_MIN = -3.4028234663852886e38
 # Clamp inside both logs of the Gumbel transform (thesis code).
 GUMBEL_EPS = 1e-20
+# Floor of a tensor temperature (`relaxed_logits`), the value at which
+# `GumbelDiscreteAttention` floors its temperature variable: a schedule or
+# a tensor that reaches 0 cannot divide by zero (NaN weights).
+MIN_TEMPERATURE = 1e-4
 
 
-def _check_temperature(temperature):
-    """`ValueError` for a Python or NumPy number that is not a finite float
-    > 0 (`np.float32(0)` gave NaN weights, a negative one inverted the
-    sample); tensors pass unchecked."""
-    if isinstance(temperature, numbers.Real):
-        check_float("temperature", temperature)
+def _is_number(value):
+    """True for None, strings and Python or NumPy scalars: the values an
+    argument check reads by value (not tensors or arrays)."""
+    return value is None or isinstance(
+        value, (str, bytes, numbers.Number, np.generic)
+    )
+
+
+def _temperature(temperature, scores_shape):
+    """The float32 temperature of `relaxed_logits`.
+
+    A Python or NumPy number must be a finite float > 0 (`ValueError`:
+    `np.float32(0)` gave NaN weights, a negative one inverted the sample;
+    None and strings failed in the backend). A tensor (e.g. a schedule's
+    variable) is floored at `MIN_TEMPERATURE`, as the layer floors its
+    own: its value is not known when tracing, and a 0 gave NaN weights.
+    """
+    if _is_number(temperature):
+        return ops.cast(check_float("temperature", temperature), "float32")
+    check_broadcastable(
+        "temperature", static_shape(temperature), scores_shape, "`scores`"
+    )
+    return ops.maximum(ops.cast(temperature, "float32"), MIN_TEMPERATURE)
+
+
+def _check_mask(mask, target_shape, target="`scores`"):
+    """`ValueError` unless `mask` (or None) broadcasts to `target_shape`."""
+    if mask is not None:
+        check_broadcastable("mask", static_shape(mask), target_shape, target)
 
 
 def gumbel_from_uniform(uniform):
@@ -55,8 +88,9 @@ def gumbel_noise(shape, seed=None):
     """Float32 standard Gumbel noise drawn with `keras.random`.
 
     Args:
-        shape: tuple of ints, the noise shape.
-        seed: int, `keras.random.SeedGenerator` or `None`. With an int or a
+        shape: tuple of ints >= 0, the noise shape.
+        seed: int in `[0, 2**31)` (Python or NumPy),
+            `keras.random.SeedGenerator` or `None`. With an int or a
             generator in a given state the noise is reproducible.
 
     Returns:
@@ -70,6 +104,10 @@ def gumbel_noise(shape, seed=None):
     (8M uniforms: about 3 s, against 40 ms with `alg="threefry"`;
     TensorFlow 2.21).
     """
+    check_shape("shape", shape)
+    if not isinstance(seed, keras.random.SeedGenerator):
+        # keras.random takes Python ints only (not NumPy ones).
+        seed = check_seed(seed)
     uniform = keras.random.uniform(shape, dtype="float32", seed=seed)
     return gumbel_from_uniform(uniform)
 
@@ -142,6 +180,27 @@ def _coordinates(size, axis):
     )
 
 
+def _check_key(key):
+    """`ValueError` unless `key` is an int or an integer scalar tensor (a
+    float key was truncated, None and strings failed in the backend)."""
+    if _is_number(key):
+        ok = isinstance(key, numbers.Integral) and not isinstance(
+            key, (bool, np.bool_)
+        )
+    else:
+        dtype = getattr(key, "dtype", None)
+        ok = (
+            dtype is not None
+            and "int" in keras.backend.standardize_dtype(dtype)
+            and static_shape(key) in ((), None)
+        )
+    if not ok:
+        raise ValueError(
+            "`key` must be an int or an integer scalar tensor. "
+            f"Received: key={key!r}"
+        )
+
+
 def positional_uniform(key, shape):
     """Float32 uniforms in `(0, 1)` where each entry is a hash of `key` and
     of its own index.
@@ -173,12 +232,15 @@ def positional_uniform(key, shape):
     own generators: 1.5-1.9x TensorFlow's Philox, 2-3x PyTorch's.
 
     Args:
-        key: int or integer scalar tensor; its low 32 bits are used.
-        shape: tuple of ints (or scalar tensors), the output shape.
+        key: int (Python or NumPy, not a bool) or integer scalar tensor;
+            its low 32 bits are used.
+        shape: tuple of ints >= 0 (or scalar tensors), the output shape.
 
     Returns:
         A float32 tensor of shape `shape`.
     """
+    _check_key(key)
+    shape = check_shape("shape", shape)
     # rows: (2, ...), the words `a` and `b` of every row of the leading axes
     rows = fmix32(
         ops.bitwise_xor(hash_words(key), hash_words([_SALT_A, _SALT_B]))
@@ -243,9 +305,14 @@ def relaxed_sample(scores, noise, temperature=1.0, mask=None):
         scores: tensor `(..., T, S)` of attention logits.
         noise: float32 Gumbel noise broadcastable to `scores`, e.g. from
             `gumbel_noise`. Zero noise gives the tempered softmax.
-        temperature: float > 0 or a scalar tensor.
+        temperature: float > 0 (Python or NumPy), or a scalar tensor,
+            floored at `MIN_TEMPERATURE` (its value is unknown when
+            tracing; a 0 gave NaN weights).
         mask: optional boolean tensor broadcastable to `scores`, `True` =
             may attend.
+
+    `ValueError` for a `noise` or `mask` whose static shape does not
+    broadcast to `scores`.
 
     Returns:
         float32 weights shaped like `scores`: each row with a valid key is a
@@ -265,11 +332,19 @@ def relaxed_logits(scores, noise, temperature=1.0, mask=None):
     `-2e9 / temperature` (at most `MASK_FILL`): below every valid entry,
     whose scores are clamped to `+-1e9` before the division, so a low
     temperature cannot push valid keys under the masked ones (a fixed
-    `MASK_FILL` did at `|s| / temperature > 1e9`). Temperatures below
-    `1e-20` get the fill of `1e-20`.
+    `MASK_FILL` did at `|s| / temperature > 1e9`). Python temperatures
+    below `1e-20` get the fill of `1e-20`; tensor temperatures are floored
+    at `MIN_TEMPERATURE`.
     """
-    _check_temperature(temperature)
-    temperature = ops.cast(temperature, "float32")
+    scores_shape = static_shape(scores)
+    if noise is None:
+        raise ValueError(
+            "`noise` must be Gumbel noise broadcastable to `scores` (0.0 "
+            "for none). Received: noise=None"
+        )
+    check_broadcastable("noise", static_shape(noise), scores_shape, "`scores`")
+    _check_mask(mask, scores_shape)
+    temperature = _temperature(temperature, scores_shape)
     logits = _clamp_logits(ops.cast(scores, "float32"))
     y = (logits + ops.cast(noise, "float32")) / temperature
     if mask is not None:
@@ -293,6 +368,7 @@ def selection_logits(scores, mask=None):
     x = ops.maximum(ops.cast(scores, "float32"), FLOAT32_MIN)
     if mask is None:
         return x
+    _check_mask(mask, static_shape(x))
     mask = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(x))
     return ops.where(mask, x, float("-inf"))
 
@@ -361,7 +437,8 @@ def straight_through(soft, mask=None):
 
     Args:
         soft: float32 weights `(..., T, S)`, e.g. from `relaxed_sample`.
-        mask: optional boolean mask broadcastable to `soft`.
+        mask: optional boolean mask broadcastable to `soft` (`ValueError`
+            if its static shape is not).
 
     Returns:
         `one_hot(argmax(soft)) + (soft - stop_gradient(soft))`: exactly
@@ -369,6 +446,7 @@ def straight_through(soft, mask=None):
         a valid key), with the gradient of `soft`.
     """
     soft = ops.cast(soft, "float32")
+    _check_mask(mask, static_shape(soft), "`soft`")
     hard = one_hot_at(argmax_indices(soft), ops.shape(soft)[-1], mask)
     # The bracket is exactly 0 forward, so the forward value is exactly hard.
     return hard + (soft - ops.stop_gradient(soft))
@@ -404,20 +482,72 @@ def _keep_valid_rows(picked, row_valid):
     return picked * ops.cast(keep, picked.dtype)
 
 
+def _check_indices(indices, batch, num_heads, source):
+    """`ValueError` unless `indices` are integer `(B, N, T)` with the batch
+    `B` and heads `N` of `source` (words for the message). Static shape
+    and dtype only: the index values are not read."""
+    shape = static_shape(indices)
+    check_rank("indices", shape, (3,), "(B, N, T)")
+    dtype = getattr(indices, "dtype", None)
+    if dtype is None:
+        dtype = np.asarray(indices).dtype
+    dtype = keras.backend.standardize_dtype(dtype)
+    if "int" not in dtype:
+        raise ValueError(
+            "`indices` must be integer key indices `(B, N, T)`. "
+            f"Received: indices with dtype {dtype}"
+        )
+    if shape is not None and not (
+        same_size(shape[0], batch) and same_size(shape[1], num_heads)
+    ):
+        raise ValueError(
+            f"`indices` must be `(B, N, T)` with the `B` and `N` of {source}, "
+            f"({batch}, {num_heads}, T). Received: indices with shape {shape}"
+        )
+    return shape
+
+
+def _check_row_valid(row_valid, indices_shape):
+    if row_valid is None or indices_shape is None:
+        return
+    shape = static_shape(row_valid)
+    if shape is not None and not (
+        len(shape) == 3 and all(map(same_size, shape, indices_shape))
+    ):
+        raise ValueError(
+            "`row_valid` must be booleans of the shape of `indices`, "
+            f"{indices_shape}. Received: row_valid with shape {shape}"
+        )
+
+
 def gather_values(value, indices, row_valid=None):
     """One value row per query: the output of one-hot attention.
 
     Args:
         value: `(B, S, N, H)` projected values (Keras MHA layout).
-        indices: `(B, N, T)` int key index per head and query.
+        indices: `(B, N, T)` integer key index per head and query, each in
+            `[0, S)`. The values are not checked (that would read the
+            tensor): out-of-range indices give a backend error, zeros or
+            another key's row, depending on the backend.
         row_valid: optional `(B, N, T)` booleans; rows without a valid key
             give zeros.
+
+    `ValueError` for static shapes or dtypes off this form (indices of
+    batch or heads 1 were broadcast, float indices truncated).
 
     Returns:
         `(B, T, N, H)`, equal to `einsum("bnts,bsnh->btnh", one_hot, value)`
         without the `S`-long weighted sum: one gather of rows of the
         flattened values (no transposes).
     """
+    value_shape = static_shape(value)
+    check_rank("value", value_shape, (4,), "(B, S, N, H)")
+    if value_shape is None:
+        value_shape = (None,) * 4
+    indices_shape = _check_indices(
+        indices, value_shape[0], value_shape[2], "`value`"
+    )
+    _check_row_valid(row_valid, indices_shape)
     shape = ops.shape(value)
     if statically_empty(value, indices):
         # JAX's `take` loses the index shape.
@@ -430,15 +560,48 @@ def gather_values(value, indices, row_valid=None):
     return _keep_valid_rows(picked, row_valid)
 
 
+def _check_scatter_shapes(d_picked, indices, value_shape, row_valid):
+    """The static checks of `scatter_values`' arguments."""
+    sizes = check_shape("value_shape", value_shape)
+    if len(sizes) != 4:
+        raise ValueError(
+            "`value_shape` must be the shape `(B, S, N, H)` of the values. "
+            f"Received: value_shape={value_shape!r}"
+        )
+    sizes = tuple(s if isinstance(s, numbers.Integral) else None for s in sizes)
+    picked = static_shape(d_picked)
+    check_rank("d_picked", picked, (4,), "(B, T, N, H)")
+    if picked is None:
+        picked = (None,) * 4
+    # d_picked gives B and N; then T, and H against value_shape.
+    shape = _check_indices(indices, picked[0], picked[2], "`d_picked`")
+    if shape is not None and not same_size(shape[2], picked[1]):
+        raise ValueError(
+            "`indices` must be `(B, N, T)` with the `T` of `d_picked`, "
+            f"{picked[1]}. Received: indices with shape {shape}"
+        )
+    _check_row_valid(row_valid, shape)
+    expected = (picked[0], None, picked[2], picked[3])
+    if not all(map(same_size, sizes, expected)):
+        raise ValueError(
+            "`value_shape` must be `(B, S, N, H)` with the `B`, `N` and `H` "
+            f"of `d_picked`, shape {picked}. "
+            f"Received: value_shape={tuple(value_shape)!r}"
+        )
+
+
 def scatter_values(d_picked, indices, value_shape, row_valid=None):
     """The transpose of `gather_values`: the gradient of its `value`.
 
     Args:
         d_picked: `(B, T, N, H)`, the gradient of `gather_values`' result.
-        indices: `(B, N, T)` int key index per head and query.
+        indices: `(B, N, T)` integer key index per head and query, each in
+            `[0, S)` (not checked, as in `gather_values`).
         value_shape: the shape `(B, S, N, H)` of the gathered values.
         row_valid: optional `(B, N, T)` booleans; rows without a valid key
             contribute nothing.
+
+    `ValueError` for static shapes or dtypes off this form.
 
     Returns:
         `(B, S, N, H)` in `d_picked`'s dtype: each key's row is the sum of
@@ -447,6 +610,7 @@ def scatter_values(d_picked, indices, value_shape, row_valid=None):
         `S`-long sum over one-hot weights (a segment sum over `B T N` rows,
         accumulated in float32).
     """
+    _check_scatter_shapes(d_picked, indices, value_shape, row_valid)
     dtype = d_picked.dtype
     d_picked = _keep_valid_rows(ops.cast(d_picked, "float32"), row_valid)
     batch, num_keys, num_heads, dim = value_shape

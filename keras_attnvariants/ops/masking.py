@@ -4,8 +4,14 @@ Masks are boolean, `True` = may attend, and broadcastable to the scores
 `(..., T, S)` (queries on axis -2, keys on axis -1).
 """
 
+import numbers
+
 import keras
+import numpy as np
 from keras import ops
+
+from keras_attnvariants.validation import check_int
+from keras_attnvariants.validation import static_shape
 
 # Fill value for masked logits. The normalizations run in float32, where
 # -1e9 is far below any real logit yet leaves headroom for subtracting a
@@ -26,8 +32,25 @@ def large_negative(dtype):
     return MASK_FILL
 
 
+def _check_compatible(shapes):
+    """`ValueError` unless the static `shapes` broadcast together (sizes
+    of 1 and unknown sizes match anything)."""
+    known = [s for s in shapes if s is not None]
+    for axis in range(1, max(map(len, known), default=0) + 1):
+        sizes = {s[-axis] for s in known if len(s) >= axis} - {None, 1}
+        if len(sizes) > 1:
+            raise ValueError(
+                "`masks` must have shapes that broadcast together. "
+                f"Received: masks with shapes {shapes}"
+            )
+
+
 def merge_masks(*masks):
-    """Logical AND of the masks that are not `None` (or `None`)."""
+    """Logical AND of the masks that are not `None` (or `None`).
+
+    `ValueError` for masks whose static shapes do not broadcast together.
+    """
+    _check_compatible([static_shape(m) for m in masks if m is not None])
     merged = None
     for mask in masks:
         if mask is None:
@@ -60,12 +83,39 @@ def self_attention_padding_mask(mask):
     return ops.logical_and(mask, query_valid)
 
 
+def check_length(name, length):
+    """`length` as a Python int >= 0 for Python and NumPy numbers (and
+    `ValueError` for None, strings, booleans, floats, negatives); a tensor
+    or a symbolic size (a dynamic length) passes, unless its static dtype
+    is not an integer."""
+    if length is None or isinstance(
+        length, (str, bytes, numbers.Number, np.generic)
+    ):
+        return check_int(name, length, low=0)
+    dtype = getattr(length, "dtype", None)
+    if dtype is not None and "int" not in keras.backend.standardize_dtype(
+        dtype
+    ):
+        raise ValueError(
+            f"`{name}` must be an int >= 0 or an integer scalar tensor. "
+            f"Received: {name}={length!r}"
+        )
+    return length
+
+
 def causal_mask(query_length, key_length):
     """`(T, S)` lower-triangular mask: query `i` attends keys `j <= i`.
 
     Aligned at the start like Keras MHA's `use_causal_mask` (for `T != S`
     too: with `T < S` the last keys are attended by no query).
+
+    Args:
+        query_length: int >= 0 `T` (Python or NumPy), or an integer scalar
+            tensor (a dynamic length).
+        key_length: int >= 0 `S`, likewise.
     """
+    query_length = check_length("query_length", query_length)
+    key_length = check_length("key_length", key_length)
     row = ops.expand_dims(ops.arange(query_length), -1)
     col = ops.expand_dims(ops.arange(key_length), 0)
     return ops.greater_equal(row, col)

@@ -97,6 +97,18 @@ def _check_rate(rate):
     return rate
 
 
+def _check_seed_generator(seed_generator, rate):
+    """`ValueError` unless `seed_generator` is a
+    `keras.random.SeedGenerator` (or None where `rate` is 0: not drawn)."""
+    if seed_generator is None and rate == 0.0:
+        return
+    if not isinstance(seed_generator, keras.random.SeedGenerator):
+        raise ValueError(
+            "`seed_generator` must be a `keras.random.SeedGenerator`. "
+            f"Received: seed_generator={seed_generator!r}"
+        )
+
+
 def _kept(shape, rate, seed_generator):
     """Boolean keep mask: `distributed_uniform(shape) >= rate`."""
     return ops.greater_equal(distributed_uniform(shape, seed_generator), rate)
@@ -115,12 +127,14 @@ def positional_dropout(inputs, rate, seed_generator):
     Args:
         inputs: tensor, e.g. attention weights `(B, N, T, S)`.
         rate: float in `[0, 1)`, the fraction dropped.
-        seed_generator: the `keras.random.SeedGenerator` it advances.
+        seed_generator: the `keras.random.SeedGenerator` it advances
+            (`ValueError` for anything else; may be None at `rate=0`).
 
     Returns:
         A tensor of `inputs`' shape and dtype.
     """
     rate = _check_rate(rate)
+    _check_seed_generator(seed_generator, rate)
     inputs = ops.convert_to_tensor(inputs)
     if rate == 0.0:
         return inputs
@@ -141,12 +155,14 @@ def dropout_multipliers(shape, rate, seed_generator):
     Args:
         shape: the shape of the tensor to drop, e.g. `(B, N, T, S)`.
         rate: float in `[0, 1)`.
-        seed_generator: the `keras.random.SeedGenerator` it advances.
+        seed_generator: the `keras.random.SeedGenerator` it advances
+            (`ValueError` for anything else; may be None at `rate=0`).
 
     Returns:
         A float32 tensor of `shape`.
     """
     rate = _check_rate(rate)
+    _check_seed_generator(seed_generator, rate)
     if rate == 0.0:
         return ops.ones(shape, "float32")
     keep = _kept(shape, rate, seed_generator)

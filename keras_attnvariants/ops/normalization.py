@@ -6,11 +6,17 @@ is cast back to the scores' dtype. Masked entries are exactly 0; fully
 masked rows or columns give zeros, never NaN.
 """
 
+import numbers
+
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attnvariants.ops.masking import MASK_FILL
+from keras_attnvariants.validation import check_broadcastable
 from keras_attnvariants.validation import check_int
+from keras_attnvariants.validation import check_unit_float
+from keras_attnvariants.validation import static_shape
 
 
 def math_dtype(dtype):
@@ -54,12 +60,32 @@ def custom_gradient_of(function, inputs, constants=()):
     return wrapped(*inputs, *given)
 
 
-def _prepare(scores, mask):
+def as_scores(scores, name="scores"):
+    """`scores` as a tensor (array-likes such as lists converted), with
+    `ValueError` for fewer than 2 axes `(..., T, S)`."""
+    if not hasattr(scores, "dtype"):
+        scores = ops.convert_to_tensor(scores)
+    shape = static_shape(scores)
+    if shape is not None and len(shape) < 2:
+        raise ValueError(
+            f"`{name}` must have shape (..., T, S). "
+            f"Received: {name} with shape {shape}"
+        )
+    return scores
+
+
+def _prepare(scores, mask, name="scores"):
     """Float32 (float64 for float64) scores with masked entries at
-    `MASK_FILL`, plus the mask."""
+    `MASK_FILL`, plus the mask.
+
+    `ValueError` for a mask whose static shape does not broadcast to the
+    scores (the backend's `BroadcastTo` failed on it)."""
     x = ops.cast(scores, math_dtype(scores.dtype))
     if mask is None:
         return x, None
+    check_broadcastable(
+        "mask", static_shape(mask), static_shape(x), f"`{name}`"
+    )
     mask = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(x))
     return ops.where(mask, x, MASK_FILL), mask
 
@@ -263,14 +289,15 @@ def masked_softmax(scores, mask=None):
     """Softmax over keys (axis -1) with a boolean mask.
 
     Args:
-        scores: tensor of shape `(..., T, S)`.
+        scores: tensor (or array-like) of shape `(..., T, S)`.
         mask: optional boolean tensor broadcastable to `scores`, `True` =
-            may attend.
+            may attend (`ValueError` if its static shape is not).
 
     Returns:
         Weights of the shape and dtype of `scores`. Masked entries are 0 and
         a query row with no valid key is all zeros.
     """
+    scores = as_scores(scores)
     x, mask = _prepare(scores, mask)
     return ops.cast(_softmax32(x, mask), scores.dtype)
 
@@ -286,10 +313,11 @@ def doubly_normalize(scores, mask=None, iterations=1):
     matrix.
 
     Args:
-        scores: tensor of shape `(..., T, S)`.
+        scores: tensor (or array-like) of shape `(..., T, S)`.
         mask: optional boolean tensor broadcastable to `scores`, `True` =
-            may attend. Padded queries must be masked here (their rows
-            `False`) so they take no part in any key's normalization.
+            may attend (`ValueError` if its static shape is not). Padded
+            queries must be masked here (their rows `False`) so they take
+            no part in any key's normalization.
         iterations: int >= 1. Sinkhorn iterations; 1 is the paper's DNAS.
 
     Returns:
@@ -299,8 +327,35 @@ def doubly_normalize(scores, mask=None, iterations=1):
         no valid query are 0.
     """
     iterations = check_int("iterations", iterations)
+    scores = as_scores(scores)
     x, mask = _prepare(scores, mask)
     return ops.cast(_doubly_normalize32(x, mask, iterations), scores.dtype)
+
+
+def _check_mix(mix, scores_shape):
+    """`ValueError` for a `mix` outside `[0, 1]` or of a shape that does
+    not broadcast to the scores.
+
+    Python and NumPy numbers, lists and NumPy arrays are checked by value
+    (not booleans, nan or strings); tensors and variables by their static
+    shape only (a trained mix is the layer's to keep in range).
+    """
+    if (
+        mix is None
+        or isinstance(mix, (str, bytes, numbers.Number))
+        or isinstance(mix, np.bool_)
+    ):
+        check_unit_float("mix", mix)
+        return
+    if isinstance(mix, (list, tuple, np.ndarray)):
+        values = np.asarray(mix)
+        if values.dtype.kind not in "iuf" or not np.all(
+            (values >= 0.0) & (values <= 1.0)
+        ):
+            raise ValueError(
+                f"`mix` must hold floats in [0, 1]. Received: mix={mix!r}"
+            )
+    check_broadcastable("mix", static_shape(mix), scores_shape, "`scores`")
 
 
 def hybrid_normalize(scores, mix, mask=None, iterations=1):
@@ -309,9 +364,12 @@ def hybrid_normalize(scores, mix, mask=None, iterations=1):
     `mix * doubly_normalize(scores) + (1 - mix) * masked_softmax(scores)`.
 
     Args:
-        scores: tensor of shape `(..., T, S)`.
-        mix: tensor broadcastable to `scores` with values in `[0, 1]`, e.g.
-            one value per head shaped `(N, 1, 1)`.
+        scores: tensor (or array-like) of shape `(..., T, S)`.
+        mix: float in `[0, 1]`, or a tensor broadcastable to `scores`
+            with values in `[0, 1]`, e.g. one value per head shaped
+            `(N, 1, 1)`. Python and NumPy numbers and arrays are checked
+            by value (`ValueError` outside `[0, 1]`, for nan and
+            booleans); tensors by their static shape only.
         mask: optional boolean mask, as in `doubly_normalize`.
         iterations: Sinkhorn iterations of the doubly-normalized part.
 
@@ -319,6 +377,8 @@ def hybrid_normalize(scores, mix, mask=None, iterations=1):
         Weights of the shape and dtype of `scores`.
     """
     iterations = check_int("iterations", iterations)
+    scores = as_scores(scores)
+    _check_mix(mix, static_shape(scores))
     x, mask = _prepare(scores, mask)
     mix = ops.cast(mix, x.dtype)
     if iterations == 1:
@@ -337,11 +397,11 @@ def doubly_normalized_bias(scores, mask=None):
     fused `keras.ops.dot_product_attention(..., bias=b)` kernels.
 
     Args:
-        scores: tensor of shape `(..., T, S)`.
+        scores: tensor (or array-like) of shape `(..., T, S)`.
         mask: optional boolean mask broadcastable to `scores`.
 
     Returns:
         float32 tensor of shape `(..., 1, S)`; 0 for keys with no valid query.
     """
-    x, mask = _prepare(scores, mask)
+    x, mask = _prepare(as_scores(scores), mask)
     return -_column_log_normalizer(x, mask is not None)

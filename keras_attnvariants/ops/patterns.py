@@ -7,10 +7,18 @@ columns of padded keys are zero, so padding never enters the guidance loss.
 
 import numbers
 
+import keras
+import numpy as np
 from keras import ops
+
+from keras_attnvariants.validation import same_size
+from keras_attnvariants.validation import static_shape
 
 PATTERN_NAMES = ("first", "next", "prev", "delimiter", "period")
 EDGE_ROWS = ("uniform", "zero")
+# The arguments of the guidance losses (`AttentionGuidanceRegularizer`,
+# `guidance_attention_bias`) that reach `token_id` for each pattern.
+LOSS_TOKEN_ID_ARGS = {"delimiter": "delimiter_ids", "period": "period_id"}
 
 
 def _check_pattern_args(name, token_ids, token_id, edge_rows):
@@ -29,24 +37,61 @@ def _check_pattern_args(name, token_ids, token_id, edge_rows):
                 f"The {name!r} pattern needs `token_ids` of shape (B, T). "
                 "Received: token_ids=None"
             )
-        normalize_token_id(token_id)
+        # The ids of the guidance losses' `delimiter_ids` / `period_id`:
+        # the message names both (it named `token_id` alone, which a loss
+        # user never passed).
+        normalize_token_id(
+            token_id,
+            note=f" (the {name!r} pattern's ids: `{LOSS_TOKEN_ID_ARGS[name]}` "
+            "of the guidance losses)",
+        )
 
 
-def normalize_token_id(token_id, name="token_id"):
+def normalize_token_id(token_id, name="token_id", note=""):
     """`token_id` (an int or a non-empty list of ints) as a tuple of ints.
 
     Python and NumPy ints are accepted (not booleans); the error names the
-    argument `name`.
+    argument `name`, followed by `note`.
     """
     ids = token_id if isinstance(token_id, (list, tuple)) else [token_id]
     if not ids or any(
-        isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in ids
+        isinstance(i, (bool, np.bool_)) or not isinstance(i, numbers.Integral)
+        for i in ids
     ):
         raise ValueError(
-            f"`{name}` must be an int or a non-empty list of ints. "
+            f"`{name}`{note} must be an int or a non-empty list of ints. "
             f"Received: {name}={token_id!r}"
         )
     return tuple(int(i) for i in ids)
+
+
+def _check_token_ids(token_ids, mask_shape):
+    """`ValueError` unless `token_ids` are integer ids with the static
+    shape `(B, T)` of the padding mask, or a batch of one `(1, T)` (which
+    the guidance losses broadcast): `(T,)` ids were broadcast over the
+    batch and float ids truncated without a word."""
+    shape = static_shape(token_ids)
+    dtype = getattr(token_ids, "dtype", None)
+    if dtype is None:
+        dtype = np.asarray(token_ids).dtype
+    dtype = keras.backend.standardize_dtype(dtype)
+    if "int" not in dtype:
+        raise ValueError(
+            "`token_ids` must be integer ids `(B, T)`. "
+            f"Received: token_ids with dtype {dtype}"
+        )
+    if shape is not None and not (
+        len(shape) == 2
+        and (
+            1 in (shape[0], mask_shape[0]) or same_size(shape[0], mask_shape[0])
+        )
+        and same_size(shape[1], mask_shape[1])
+    ):
+        raise ValueError(
+            "`token_ids` must have the shape `(B, T)` of `padding_mask`, "
+            f"{mask_shape} (or a batch of one). "
+            f"Received: token_ids with shape {shape}"
+        )
 
 
 def guidance_pattern(
@@ -74,9 +119,11 @@ def guidance_pattern(
         name: str. One of `"first"`, `"next"`, `"prev"`, `"delimiter"`,
             `"period"`.
         padding_mask: boolean `(B, T)`, `True` = real token.
-        token_ids: int `(B, T)`. Needed by `"delimiter"` and `"period"`.
+        token_ids: integer `(B, T)`, the shape of `padding_mask` (a batch
+            of one broadcasts). Needed by `"delimiter"` and `"period"`;
+            `ValueError` for other static shapes or a float dtype.
         token_id: int or list of ints. The ids `"delimiter"` / `"period"`
-            attend to.
+            attend to (`delimiter_ids` / `period_id` of the losses).
         edge_rows: `"uniform"` or `"zero"`. Defaults to `"uniform"`.
 
     Returns:
@@ -99,6 +146,8 @@ def guidance_pattern(
             "`padding_mask` must have shape (B, T). Received: padding_mask "
             f"with shape {tuple(valid.shape)}"
         )
+    if name in LOSS_TOKEN_ID_ARGS:
+        _check_token_ids(token_ids, static_shape(valid))
     length = ops.shape(valid)[1]
     # pair: (B, T, T), 1 where query and key are both real tokens.
     pair = ops.expand_dims(valid, -1) * ops.expand_dims(valid, -2)

@@ -25,6 +25,10 @@ sparsity penalty; it is the default of the encoder's regularizer.
 
 from keras import ops
 
+from keras_attnvariants.validation import check_broadcastable
+from keras_attnvariants.validation import same_size
+from keras_attnvariants.validation import static_shape
+
 
 def _token_mask(mask, like):
     """float32 `(B, T)` valid-token mask (all ones when `mask` is None).
@@ -48,32 +52,56 @@ def receptive_fields(attentions, mask=None):
     """Soft receptive fields `s^L` from per-layer self-attention.
 
     Args:
-        attentions: list of per-layer weights, each `(B, N, T, T)` or
-            `(B, T, T)`: relaxed samples (training) or one-hot (inference).
+        attentions: list (or tuple) of per-layer weights, each
+            `(B, N, T, T)` or `(B, T, T)`, of one batch `B` and length `T`:
+            relaxed samples (training) or one-hot (inference). `ValueError`
+            for anything else (a single tensor was iterated over its batch;
+            layers of batch 1 were broadcast to the others).
         mask: optional `(B, T)` booleans, `True` = real token.
 
     Returns:
         float32 `(B, T, T)` in `[0, 1]`; `[b, i, j]` is the dependence of
         position `i` on token `j`. Rows and columns of padded tokens are 0.
     """
-    if not len(attentions):
+    if not isinstance(attentions, (list, tuple)) or not attentions:
+        shape = static_shape(attentions) if attentions is not None else None
+        received = (
+            f"attentions with shape {shape}"
+            if hasattr(attentions, "shape")
+            else f"attentions={attentions!r}"
+        )
         raise ValueError(
             "`attentions` must be a non-empty list of per-layer weights "
-            f"`(B, N, T, T)` or `(B, T, T)`. Received: attentions={attentions}"
+            f"`(B, N, T, T)` or `(B, T, T)`. Received: {received}"
         )
+    attentions = [
+        z if hasattr(z, "shape") else ops.convert_to_tensor(z)
+        for z in attentions
+    ]
+    first_shape = None
     for z in attentions:
         # One example's `(T, T)` weights or non-square `(B, 1, S)` ones
         # broadcast into a wrong field without a word.
-        shape = tuple(ops.shape(z))
-        if len(shape) not in (3, 4) or (
-            isinstance(shape[-1], int)
-            and isinstance(shape[-2], int)
-            and shape[-1] != shape[-2]
-        ):
+        shape = static_shape(z)
+        if shape is None:
+            continue
+        if len(shape) not in (3, 4) or not same_size(shape[-1], shape[-2]):
             raise ValueError(
                 "Each of `attentions` must be self-attention weights "
                 "`(B, N, T, T)` or `(B, T, T)`. "
                 f"Received: attentions with shape {shape}"
+            )
+        if first_shape is None:
+            first_shape = shape
+        elif not (
+            same_size(shape[0], first_shape[0])
+            and same_size(shape[-1], first_shape[-1])
+        ):
+            raise ValueError(
+                "`attentions` must all have the batch `B` and length `T` "
+                f"of the first layer, shape {first_shape}. "
+                f"Received: attentions with shapes "
+                f"{[static_shape(a) for a in attentions]}"
             )
     first = ops.cast(attentions[0], "float32")
     length = ops.shape(first)[-1]
@@ -116,7 +144,8 @@ def precision_recall(predicted, target, mask=None):
         predicted: boolean `(B, T, T)` receptive fields.
         target: boolean `(B, T, T)` true dependencies.
         mask: optional boolean broadcastable to `(B, T, T)`: the entries
-            (e.g. positions with a prediction) to score.
+            (e.g. positions with a prediction) to score. `ValueError` if
+            its static shape is not.
 
     Returns:
         `(precision, recall)` as float32 scalars; 0 where undefined.
@@ -131,6 +160,9 @@ def precision_recall(predicted, target, mask=None):
             f"target.shape={shapes[1]}"
         )
     if mask is not None:
+        check_broadcastable(
+            "mask", static_shape(mask), shapes[0], "`predicted`"
+        )
         weight = ops.cast(mask, "float32")
         predicted = predicted * weight
         target = target * weight

@@ -9,25 +9,78 @@ outputs are float32.
 from keras import ops
 
 from keras_attnvariants.ops.masking import MASK_FILL
+from keras_attnvariants.ops.normalization import statically_empty
 from keras_attnvariants.validation import check_bool
+from keras_attnvariants.validation import check_broadcastable
 from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
+from keras_attnvariants.validation import same_size
+from keras_attnvariants.validation import static_shape
+from keras_attnvariants.validation import static_sizes
 
 
-def _point_mask(mask, shape):
-    """Boolean `(..., n)` mask, all `True` when `mask` is `None`."""
+def _point_mask(mask, shape, name="mask", of="the points"):
+    """Boolean `(..., n)` mask, all `True` when `mask` is `None`.
+
+    `ValueError` naming `name` for a mask whose static shape does not
+    broadcast to `shape` (the backend's `BroadcastTo` failed on it); `of`
+    words what the mask covers."""
     if mask is None:
         return ops.ones(shape, "bool")
+    check_broadcastable(name, static_shape(mask), static_sizes(shape), of)
     return ops.broadcast_to(ops.cast(mask, "bool"), shape)
 
 
-def _pair_masks(matrix, row_mask, col_mask):
+def _check_matrix(name, matrix):
+    """`ValueError` for a static rank below 2 `(..., n, m)`."""
+    shape = static_shape(matrix)
+    if shape is not None and len(shape) < 2:
+        raise ValueError(
+            f"`{name}` must have shape (..., n, m). "
+            f"Received: {name} with shape {shape}"
+        )
+
+
+def _pair_masks(matrix, row_mask, col_mask, name="cost"):
     """`(rows, cols, valid)` of a `(..., n, m)` matrix: boolean `(..., n)`,
     `(..., m)` and `(..., n, m)` (a valid row and a valid column)."""
+    _check_matrix(name, matrix)
     shape = ops.shape(matrix)
-    rows = _point_mask(row_mask, shape[:-1])
-    cols = _point_mask(col_mask, shape[:-2] + shape[-1:])
+    rows = _point_mask(
+        row_mask, shape[:-1], "row_mask", f"the rows of `{name}`"
+    )
+    cols = _point_mask(
+        col_mask,
+        shape[:-2] + shape[-1:],
+        "col_mask",
+        f"the columns of `{name}`",
+    )
     return rows, cols, ops.logical_and(rows[..., :, None], cols[..., None, :])
+
+
+def _check_points(x, y):
+    """`ValueError` unless point clouds `x` `(..., n, d)` and `y`
+    `(..., m, d)` have the same feature size `d` and leading axes that
+    broadcast together (static sizes)."""
+    x_shape, y_shape = static_shape(x), static_shape(y)
+    for name, shape in (("x", x_shape), ("y", y_shape)):
+        if shape is not None and len(shape) < 2:
+            raise ValueError(
+                f"`{name}` must be points `(..., n, d)`. "
+                f"Received: {name} with shape {shape}"
+            )
+    if x_shape is None or y_shape is None:
+        return
+    ok = same_size(x_shape[-1], y_shape[-1]) and all(
+        a in (None, 1) or b in (None, 1) or a == b
+        for a, b in zip(reversed(x_shape[:-2]), reversed(y_shape[:-2]))
+    )
+    if not ok:
+        raise ValueError(
+            "`y` must be points `(..., m, d)` with the feature size `d` "
+            f"and the leading axes of `x`, shape {x_shape}. "
+            f"Received: y with shape {y_shape}"
+        )
 
 
 def uniform_marginal(mask):
@@ -40,7 +93,11 @@ def uniform_marginal(mask):
 
 
 def squared_euclidean_cost(x, y):
-    """Pairwise `||x_i - y_j||^2`, `(..., n, m)`, float32, never negative."""
+    """Pairwise `||x_i - y_j||^2`, `(..., n, m)`, float32, never negative.
+
+    `ValueError` for points of different feature sizes (static shapes).
+    """
+    _check_points(x, y)
     x = ops.cast(x, "float32")
     y = ops.cast(y, "float32")
     x2 = ops.sum(ops.square(x), axis=-1)[..., :, None]
@@ -50,7 +107,11 @@ def squared_euclidean_cost(x, y):
 
 
 def cosine_cost(x, y):
-    """Pairwise `1 - cos(x_i, y_j)`, `(..., n, m)`, float32, in `[0, 2]`."""
+    """Pairwise `1 - cos(x_i, y_j)`, `(..., n, m)`, float32, in `[0, 2]`.
+
+    `ValueError` for points of different feature sizes (static shapes).
+    """
+    _check_points(x, y)
     x = ops.cast(x, "float32")
     y = ops.cast(y, "float32")
     x = x / ops.sqrt(ops.sum(ops.square(x), axis=-1, keepdims=True) + 1e-12)
@@ -90,13 +151,16 @@ def sinkhorn_plan(
         iterations: int >= 1. Sinkhorn iterations. Defaults to `100`.
         row_mask: optional boolean `(..., n)`; `False` rows get no mass.
         col_mask: optional boolean `(..., m)`; `False` columns get no mass.
+            `ValueError` for masks whose static shapes do not broadcast.
         normalize_cost: bool. Divide each cost matrix by its largest valid
             entry (a constant for the gradient) so that `epsilon` means
             the same at every scale. Defaults to `True`.
 
     Returns:
         float32 plan `(..., n, m)`, exactly 0 on masked rows and columns;
-        its entries sum to 1 when any row and column is valid.
+        its entries sum to 1 when any row and column is valid. An empty
+        `cost` (an empty batch, no rows or no columns) gives an empty plan
+        of its shape.
 
     Example:
 
@@ -115,6 +179,10 @@ def sinkhorn_plan(
     cost = ops.cast(cost, "float32")
     # valid: (..., n, m)
     rows, cols, valid = _pair_masks(cost, row_mask, col_mask)
+    if statically_empty(cost):
+        # Nothing to transport; `ops.max` and JAX's `logsumexp` raise on
+        # an empty tensor.
+        return ops.zeros_like(cost)
     if normalize_cost:
         scale = ops.max(
             ops.where(valid, ops.abs(cost), 0.0), axis=(-2, -1), keepdims=True
@@ -204,7 +272,9 @@ def sinkhorn_cost(
     The plan `P` of `sinkhorn_plan` (normalized cost) is held constant for
     the gradient. By the envelope theorem this is the exact gradient of the
     entropic OT objective with respect to the cost, and it avoids
-    back-propagating through the iterations.
+    back-propagating through the iterations. Arguments as in
+    `sinkhorn_plan`; an empty batch gives an empty result, a set with no
+    point (no rows or no columns) a cost of 0.
     """
     cost = ops.cast(cost, "float32")
     # The plan is solved on a gradient-free copy of the cost, so autodiff
@@ -234,13 +304,15 @@ def conditional_transport_plans(logits, row_mask=None, col_mask=None):
     Args:
         logits: tensor `(..., n, m)`, e.g. `t(x_i) . t(y_j)`.
         row_mask: optional boolean `(..., n)`.
-        col_mask: optional boolean `(..., m)`.
+        col_mask: optional boolean `(..., m)`. `ValueError` for masks
+            whose static shapes do not broadcast.
 
     Returns:
-        `(forward, backward)`, float32 `(..., n, m)`, 0 on masked pairs.
+        `(forward, backward)`, float32 `(..., n, m)`, 0 on masked pairs
+        (empty for empty `logits`).
     """
     logits = ops.cast(logits, "float32")
-    _, _, valid = _pair_masks(logits, row_mask, col_mask)
+    _, _, valid = _pair_masks(logits, row_mask, col_mask, "logits")
     # Both directions in place (no transposes): softmax over j, then over i.
     logits = ops.where(valid, logits, MASK_FILL)
     return (
@@ -250,7 +322,10 @@ def conditional_transport_plans(logits, row_mask=None, col_mask=None):
 
 
 def _masked_softmax_along(logits, valid, axis):
-    """Softmax of `logits` along `axis` over `valid` entries, 0 elsewhere."""
+    """Softmax of `logits` along `axis` over `valid` entries, 0 elsewhere
+    (empty for empty `logits`: `ops.max` raises on them)."""
+    if statically_empty(logits):
+        return ops.zeros_like(logits)
     shifted = logits - ops.stop_gradient(
         ops.max(logits, axis=axis, keepdims=True)
     )
@@ -268,10 +343,26 @@ def conditional_transport_cost(
     + (1 - rho) * E_{y ~ p_Y} E_{x ~ pi(.|y)} c(x, y)` with uniform
     `p_X`, `p_Y` over the valid points and the plans of
     `conditional_transport_plans(logits)` (paper Eq. 4 with `rho = 0.5`).
+    `logits` must have the shape of `cost` (`ValueError` where static
+    sizes differ); masks as in `conditional_transport_plans`. An empty
+    batch gives an empty result, a set with no point a cost of 0.
     """
     rho = check_float("rho", rho, 0.0, True)
     if rho > 1.0:
         raise ValueError(f"`rho` must be in [0, 1]. Received: rho={rho}")
+    cost_shape, logits_shape = static_shape(cost), static_shape(logits)
+    if (
+        cost_shape is not None
+        and logits_shape is not None
+        and not (
+            len(cost_shape) == len(logits_shape)
+            and all(map(same_size, cost_shape, logits_shape))
+        )
+    ):
+        raise ValueError(
+            f"`logits` must have the shape of `cost`, {cost_shape}. "
+            f"Received: logits with shape {logits_shape}"
+        )
     cost = ops.cast(cost, "float32")
     rows, cols, valid = _pair_masks(cost, row_mask, col_mask)
     # Masked pairs hold anything (inf, nan): zeroed, not multiplied by 0.
@@ -295,19 +386,40 @@ def gaussian_mmd(x, y, x_mask=None, y_mask=None, bandwidth=1.0):
 
     Args:
         x: tensor `(..., n, d)`.
-        y: tensor `(..., m, d)`.
+        y: tensor `(..., m, d)`: the same leading axes `...` (no
+            broadcasting between the clouds) and feature size `d`.
         x_mask: optional boolean `(..., n)`.
         y_mask: optional boolean `(..., m)`.
         bandwidth: float > 0. Kernel width. Defaults to `1.0`.
+
+    `ValueError` where static sizes break this form.
 
     Returns:
         float32 `(...)`; 0 where either cloud has no valid point.
     """
     bandwidth = check_float("bandwidth", bandwidth)
+    _check_points(x, y)
+    x_shape, y_shape = static_shape(x), static_shape(y)
+    if (
+        x_shape is not None
+        and y_shape is not None
+        and not (
+            len(x_shape) == len(y_shape)
+            and all(map(same_size, x_shape[:-2], y_shape[:-2]))
+        )
+    ):
+        raise ValueError(
+            "`y` must have the leading axes of `x`, "
+            f"{x_shape[:-2]}. Received: y with shape {y_shape}"
+        )
     x = ops.cast(x, "float32")
     y = ops.cast(y, "float32")
-    x_valid = _point_mask(x_mask, ops.shape(x)[:-1])
-    y_valid = _point_mask(y_mask, ops.shape(y)[:-1])
+    x_valid = _point_mask(
+        x_mask, ops.shape(x)[:-1], "x_mask", "the points of `x`"
+    )
+    y_valid = _point_mask(
+        y_mask, ops.shape(y)[:-1], "y_mask", "the points of `y`"
+    )
     if x_mask is not None:
         # Masked points hold anything (inf, nan): zeroed, as 0 * inf = nan.
         x = ops.where(x_valid[..., None], x, 0.0)
