@@ -143,9 +143,11 @@ def precision_recall(predicted, target, mask=None):
     Args:
         predicted: boolean `(B, T, T)` receptive fields.
         target: boolean `(B, T, T)` true dependencies.
-        mask: optional boolean broadcastable to `(B, T, T)`: the entries
-            (e.g. positions with a prediction) to score. `ValueError` if
-            its static shape is not.
+        mask: optional rank-3 boolean broadcastable to `(B, T, T)`: the
+            entries to score, e.g. `valid[:, :, None]` for the rows of
+            real positions. `ValueError` if its static shape is not, or
+            for a rank-2 `(B, T)` mask, which broadcast over the wrong axes
+            when `B == T` (the other receptive-field functions take one).
 
     Returns:
         `(precision, recall)` as float32 scalars; 0 where undefined.
@@ -160,9 +162,14 @@ def precision_recall(predicted, target, mask=None):
             f"target.shape={shapes[1]}"
         )
     if mask is not None:
-        check_broadcastable(
-            "mask", static_shape(mask), shapes[0], "`predicted`"
-        )
+        mask_shape = static_shape(mask)
+        if mask_shape is not None and len(mask_shape) != 3:
+            raise ValueError(
+                "`mask` must be rank 3, broadcastable to `(B, T, T)` (for "
+                "a `(B, T)` padding mask pass `valid[:, :, None]`). "
+                f"Received: mask with shape {mask_shape}"
+            )
+        check_broadcastable("mask", mask_shape, shapes[0], "`predicted`")
         weight = ops.cast(mask, "float32")
         predicted = predicted * weight
         target = target * weight

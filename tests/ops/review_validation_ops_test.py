@@ -278,6 +278,13 @@ class ShapeChecksTest(TestCase):
         with self.assertRaisesRegex(ValueError, "`masks`.*Received: masks"):
             kops.merge_masks(np.ones((2, 3), bool), np.ones((2, 4), bool))
 
+    def test_precision_recall_rejects_a_square_padding_mask(self):
+        # B == T: a (B, T) mask broadcast over the wrong axes (0.45 / 0.5
+        # instead of 0.25 / 0.25 in the review's example).
+        p = np.ones((3, 3, 3), bool)
+        with self.assertRaisesRegex(ValueError, "`mask` must be rank 3"):
+            kops.precision_recall(p, p, np.ones((3, 3), bool))
+
     def test_precision_recall_rejects_mask(self):
         p = np.ones((2, 3, 3), bool)
         with self.assertRaisesRegex(ValueError, "`mask`.*Received: mask"):
