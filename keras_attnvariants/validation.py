@@ -213,3 +213,22 @@ def static_sizes(shape):
     """A shape tuple (e.g. from `ops.shape`, which may hold tensors for
     dynamic sizes) as ints and None (unknown sizes)."""
     return tuple(_static_dim(d) for d in shape)
+
+
+def check_integer_dtype(name, x, form):
+    """`ValueError` unless `x` (a tensor or array-like) has an integer
+    dtype; `form` describes the expected value (e.g. `"ids (B, T)"`).
+    Reads the dtype only, never the values."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        dtype = np.asarray(x).dtype
+    # Keras's names ("int32", "uint8", ...); imported here, as this module
+    # is otherwise free of Keras.
+    from keras import backend
+
+    dtype = backend.standardize_dtype(dtype)
+    if "int" not in dtype:
+        raise ValueError(
+            f"`{name}` must be integer {form}. "
+            f"Received: {name} with dtype {dtype}"
+        )

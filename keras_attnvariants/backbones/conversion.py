@@ -28,9 +28,8 @@ import keras
 from keras import ops
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
-from keras_attnvariants.losses.attention_loss import AttentionLoss
+from keras_attnvariants.losses.attention_loss import check_attention_loss_terms
 from keras_attnvariants.losses.attention_loss import token_ids_scope
-from keras_attnvariants.validation import check_attention_losses
 from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_seed
 from keras_attnvariants.validation import layer_seed
@@ -129,27 +128,6 @@ def _check_attention_class(attention_class):
             "`VariantAttention` is the base class of this package's "
             "layers (subclass it and implement `normalize`). Received: "
             "attention_class=VariantAttention"
-        )
-
-
-def _check_attention_loss_terms(attention_losses):
-    """`ValueError` unless `attention_losses` is None or a list (or tuple)
-    of distinct `AttentionLoss` instances, as the attention layers require
-    (checked before any element is read)."""
-    check_attention_losses(attention_losses)
-    terms = list(attention_losses or [])
-    for term in terms:
-        if not isinstance(term, AttentionLoss):
-            raise ValueError(
-                "`attention_losses` must be a list of "
-                "`keras_attnvariants.losses.AttentionLoss` instances. "
-                f"Received: attention_losses={attention_losses!r} (an "
-                f"element: {term!r})"
-            )
-    if len({id(term) for term in terms}) != len(terms):
-        raise ValueError(
-            "`attention_losses` must list each term once. Received: "
-            f"attention_losses={attention_losses!r}"
         )
 
 
@@ -708,7 +686,7 @@ def convert_backbone(
             "trainable", attention_kwargs["trainable"]
         )
     # Before `term_flags` below reads the elements' sublayers.
-    _check_attention_loss_terms(attention_losses)
+    check_attention_loss_terms(attention_losses)
     _check_weight_shape_kwargs(backbone, attention_kwargs)
     if attention_losses:
         if not issubclass(attention_class, VariantAttention):

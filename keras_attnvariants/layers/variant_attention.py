@@ -12,15 +12,14 @@ from keras.src.backend.common.masking import get_keras_mask
 from keras.src.backend.common.masking import set_keras_mask
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
-from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.losses.attention_loss import build_context
+from keras_attnvariants.losses.attention_loss import check_attention_loss_terms
 from keras_attnvariants.ops.masking import merge_masks
 from keras_attnvariants.ops.masking import self_attention_padding_mask
 from keras_attnvariants.ops.noise import dropout_multipliers
 from keras_attnvariants.ops.noise import positional_dropout
 from keras_attnvariants.ops.normalization import math_dtype
 from keras_attnvariants.validation import SEED_LIMIT
-from keras_attnvariants.validation import check_attention_losses
 from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_int
 from keras_attnvariants.validation import check_seed
@@ -364,25 +363,12 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         # first training call (JAX, PyTorch) or drew another seed's masks
         # (TensorFlow), a NumPy int failed in Keras's `SeedGenerator`.
         kwargs["seed"] = check_seed(kwargs.get("seed"))
-        check_attention_losses(attention_losses)
         self_attention_padding = check_bool(
             "self_attention_padding", self_attention_padding
         )
-        losses = list(attention_losses or [])
-        for term in losses:
-            if not isinstance(term, AttentionLoss):
-                raise ValueError(
-                    "`attention_losses` must be a list of "
-                    "`keras_attnvariants.losses.AttentionLoss` instances. "
-                    f"Received an element: {term!r}"
-                )
-        if len({id(term) for term in losses}) != len(losses):
-            # A term listed twice added its value twice per call (a
-            # guidance term failed with a misleading per-layer-map error).
-            raise ValueError(
-                "`attention_losses` must list each term once. Received: "
-                f"attention_losses={losses!r}"
-            )
+        # A term listed twice added its value twice per call (a guidance
+        # term failed with a misleading per-layer-map error).
+        losses = check_attention_loss_terms(attention_losses)
         num_heads, key_dim = _check_sizes(num_heads, key_dim, kwargs)
         super().__init__(num_heads=num_heads, key_dim=key_dim, **kwargs)
         self.attention_losses = losses

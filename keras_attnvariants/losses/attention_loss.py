@@ -33,6 +33,7 @@ from keras.src.backend.common.stateless_scope import get_stateless_scope
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
+from keras_attnvariants.validation import check_attention_losses
 from keras_attnvariants.validation import check_bool
 
 _TOKEN_IDS = threading.local()
@@ -282,3 +283,26 @@ class AttentionLoss(KeepsStepLosses, keras.layers.Layer):
         config = super().get_config()
         config["track_metric"] = self.track_metric
         return config
+
+
+def check_attention_loss_terms(attention_losses):
+    """`attention_losses` as a list of distinct `AttentionLoss` instances;
+    `ValueError` for anything else (a single term, a string, another
+    object, or a term listed twice, which added its value twice per
+    call). Checked before any element is read."""
+    check_attention_losses(attention_losses)
+    terms = list(attention_losses or [])
+    for term in terms:
+        if not isinstance(term, AttentionLoss):
+            raise ValueError(
+                "`attention_losses` must be a list of "
+                "`keras_attnvariants.losses.AttentionLoss` instances. "
+                f"Received: attention_losses={attention_losses!r} (an "
+                f"element: {term!r})"
+            )
+    if len({id(term) for term in terms}) != len(terms):
+        raise ValueError(
+            "`attention_losses` must list each term once. Received: "
+            f"attention_losses={attention_losses!r}"
+        )
+    return terms

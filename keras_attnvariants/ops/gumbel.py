@@ -24,6 +24,7 @@ from keras_attnvariants.ops.normalization import row_max
 from keras_attnvariants.ops.normalization import statically_empty
 from keras_attnvariants.validation import check_broadcastable
 from keras_attnvariants.validation import check_float
+from keras_attnvariants.validation import check_integer_dtype
 from keras_attnvariants.validation import check_rank
 from keras_attnvariants.validation import check_seed
 from keras_attnvariants.validation import check_shape
@@ -488,15 +489,7 @@ def _check_indices(indices, batch, num_heads, source):
     and dtype only: the index values are not read."""
     shape = static_shape(indices)
     check_rank("indices", shape, (3,), "(B, N, T)")
-    dtype = getattr(indices, "dtype", None)
-    if dtype is None:
-        dtype = np.asarray(indices).dtype
-    dtype = keras.backend.standardize_dtype(dtype)
-    if "int" not in dtype:
-        raise ValueError(
-            "`indices` must be integer key indices `(B, N, T)`. "
-            f"Received: indices with dtype {dtype}"
-        )
+    check_integer_dtype("indices", indices, "key indices `(B, N, T)`")
     if shape is not None and not (
         same_size(shape[0], batch) and same_size(shape[1], num_heads)
     ):

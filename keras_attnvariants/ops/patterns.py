@@ -7,10 +7,10 @@ columns of padded keys are zero, so padding never enters the guidance loss.
 
 import numbers
 
-import keras
 import numpy as np
 from keras import ops
 
+from keras_attnvariants.validation import check_integer_dtype
 from keras_attnvariants.validation import same_size
 from keras_attnvariants.validation import static_shape
 
@@ -71,15 +71,7 @@ def _check_token_ids(token_ids, mask_shape):
     the guidance losses broadcast): `(T,)` ids were broadcast over the
     batch and float ids truncated without a word."""
     shape = static_shape(token_ids)
-    dtype = getattr(token_ids, "dtype", None)
-    if dtype is None:
-        dtype = np.asarray(token_ids).dtype
-    dtype = keras.backend.standardize_dtype(dtype)
-    if "int" not in dtype:
-        raise ValueError(
-            "`token_ids` must be integer ids `(B, T)`. "
-            f"Received: token_ids with dtype {dtype}"
-        )
+    check_integer_dtype("token_ids", token_ids, "ids `(B, T)`")
     if shape is not None and not (
         len(shape) == 2
         and (
