@@ -8,7 +8,6 @@ from keras_attnvariants.backbones.conversion import copy_trainable_by_path
 from keras_attnvariants.backbones.conversion import import_keras_hub
 from keras_attnvariants.datasets.offline import minilm_path
 from keras_attnvariants.validation import check_int
-from keras_attnvariants.validation import check_seed
 
 
 def load_minilm(sequence_length=64):
@@ -54,7 +53,7 @@ def random_bert(vocabulary_size, sequence_length, seed=0):
     Args:
         vocabulary_size: int >= 1 (Python or NumPy).
         sequence_length: int >= 1, the backbone's `max_sequence_length`.
-        seed: int in `[0, 2**31)`, passed to `keras.utils.set_random_seed`
+        seed: int in `[0, 2**32)`, passed to `keras.utils.set_random_seed`
             (which seeds Python, NumPy and the backend globally).
             Defaults to `0`.
 
@@ -68,7 +67,9 @@ def random_bert(vocabulary_size, sequence_length, seed=0):
     # was accepted.
     vocabulary_size = check_int("vocabulary_size", vocabulary_size)
     sequence_length = check_int("sequence_length", sequence_length)
-    seed = check_seed(seed, allow_none=False)
+    # `set_random_seed` takes [0, 2**32), as the demo's `--seed` does (the
+    # layers' seeds are narrower: `check_seed`).
+    seed = check_int("seed", seed, low=0, high=2**32 - 1)
     keras_hub = import_keras_hub()
     keras.utils.set_random_seed(seed)
     return keras_hub.models.BertBackbone(
