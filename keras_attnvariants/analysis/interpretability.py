@@ -13,6 +13,7 @@ from scipy import stats
 
 from keras_attnvariants.evaluation import as_numpy
 from keras_attnvariants.evaluation import key_attention_totals
+from keras_attnvariants.ops.receptive_field import unstack_layers
 
 
 def _shape(value):
@@ -27,7 +28,8 @@ def attention_importance(attentions, mask=None, query_mask=None):
 
     Args:
         attentions: list (or tuple) of per-layer weights `(B, N, T, S)`
-            (or `(B, T, S)`), all with the same batch `B` and keys `S`;
+            (or `(B, T, S)`), all with the same batch `B` and keys `S`, or
+            the layers stacked `(L, B, N, T, S)`;
             for one layer pass `[weights]` (a single array raises
             `ValueError`: iterated, it gave the examples as layers).
         mask: optional `(B, S)` booleans; padded tokens get 0.
@@ -38,6 +40,7 @@ def attention_importance(attentions, mask=None, query_mask=None):
     Returns:
         float32 NumPy array `(B, S)`.
     """
+    attentions = unstack_layers(attentions)
     if not isinstance(attentions, (list, tuple)) or not attentions:
         shape = getattr(attentions, "shape", None)
         received = (

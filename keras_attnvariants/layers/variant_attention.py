@@ -382,6 +382,14 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         for term in self.attention_losses:
             term.build_for_attention(self._num_heads, self._key_dim)
 
+    def __call__(self, *args, **kwargs):
+        # NumPy booleans as Python ones: Keras turns NumPy call arguments
+        # into tensors, which the flags' checks (and MHA) cannot read.
+        for flag in ("return_attention_scores", "use_causal_mask"):
+            if isinstance(kwargs.get(flag), np.bool_):
+                kwargs[flag] = bool(kwargs[flag])
+        return super().__call__(*args, **kwargs)
+
     @property
     def trainable(self):
         return keras.layers.Layer.trainable.fget(self)

@@ -3,6 +3,7 @@
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attnvariants.losses.attention_loss import AttentionLoss
@@ -118,6 +119,20 @@ def _check_batch_and_length(name, tensor, weights_shape):
             "to match `attention_weights` (batch, num_heads, length, "
             f"length). Received: {name} with shape {got}"
         )
+
+
+def _break_torch_compile_graph():
+    """Under torch.compile, ends the traced graph after the step counter's
+    increment. Without the break AOTAutograd recomputed `alpha_t` from
+    the mutated counter in the backward pass, so a compiled step's
+    gradient used the next step's weight (the loss logged the right one;
+    a PyTorch bug, not fixed in 2.13). Elsewhere a no-op."""
+    if keras.backend.backend() != "torch":
+        return
+    import torch
+
+    if torch.compiler.is_compiling():
+        torch._dynamo.graph_break()
 
 
 def _check_layer_index(layer_index):
@@ -459,6 +474,7 @@ class AttentionGuidanceRegularizer(AttentionLoss):
         if training and index == 0 and not self._advanced_this_pass:
             self._advanced_this_pass = True
             self.step.assign_add(1.0)
+            _break_torch_compile_graph()
         alpha = self.current_alpha()
         if not head_map:
             return ops.zeros((), "float32")
@@ -557,14 +573,20 @@ def guidance_attention_bias(
         head_patterns: dict `{head_index: pattern}`.
         num_heads: int. Heads `N` of the attention.
         padding_mask: boolean `(B, T)`.
-        strength: finite float (Python or NumPy, not a bool). Logit added
-            at the pattern's targets. Defaults to `1.0`.
+        strength: finite float (Python or NumPy, not a bool), or a scalar
+            tensor / `keras.Variable`. Logit added at the pattern's
+            targets. Defaults to `1.0`.
         token_ids, delimiter_ids, period_id, edge_rows: as in
             `AttentionGuidanceRegularizer`.
     """
     head_map = _normalize_head_map(head_patterns, False)
     num_heads = check_int("num_heads", num_heads)
-    strength = check_float("strength", strength, low=None)
+    if strength is None or isinstance(
+        strength, (str, bytes, numbers.Number, np.generic)
+    ):
+        # Numbers are checked; a tensor or `keras.Variable` (an annealed or
+        # learned strength) passes.
+        strength = check_float("strength", strength, low=None)
     if max(head_map) >= num_heads:
         raise ValueError(
             f"`head_patterns` guides head {max(head_map)} but "

@@ -48,12 +48,24 @@ def _token_mask(mask, like):
     return ops.cast(mask, "float32")
 
 
+def unstack_layers(attentions):
+    """A stacked `(L, B, N, T, T)` array or tensor as a list of its `L`
+    layers (an accepted form, as a list of layers is); else unchanged."""
+    if isinstance(attentions, (list, tuple)) or attentions is None:
+        return attentions
+    shape = getattr(attentions, "shape", None)
+    if shape is not None and len(shape) == 5 and isinstance(shape[0], int):
+        return [attentions[i] for i in range(shape[0])]
+    return attentions
+
+
 def receptive_fields(attentions, mask=None):
     """Soft receptive fields `s^L` from per-layer self-attention.
 
     Args:
         attentions: list (or tuple) of per-layer weights, each
-            `(B, N, T, T)` or `(B, T, T)`, of one batch `B` and length `T`:
+            `(B, N, T, T)` or `(B, T, T)`, of one batch `B` and length `T`
+            (or the layers stacked, `(L, B, N, T, T)`):
             relaxed samples (training) or one-hot (inference). `ValueError`
             for anything else (a single tensor was iterated over its batch;
             layers of batch 1 were broadcast to the others).
@@ -63,6 +75,7 @@ def receptive_fields(attentions, mask=None):
         float32 `(B, T, T)` in `[0, 1]`; `[b, i, j]` is the dependence of
         position `i` on token `j`. Rows and columns of padded tokens are 0.
     """
+    attentions = unstack_layers(attentions)
     if not isinstance(attentions, (list, tuple)) or not attentions:
         shape = static_shape(attentions) if attentions is not None else None
         received = (
@@ -143,11 +156,12 @@ def precision_recall(predicted, target, mask=None):
     Args:
         predicted: boolean `(B, T, T)` receptive fields.
         target: boolean `(B, T, T)` true dependencies.
-        mask: optional rank-3 boolean broadcastable to `(B, T, T)`: the
-            entries to score, e.g. `valid[:, :, None]` for the rows of
-            real positions. `ValueError` if its static shape is not, or
-            for a rank-2 `(B, T)` mask, which broadcast over the wrong axes
-            when `B == T` (the other receptive-field functions take one).
+        mask: optional boolean broadcastable to `(B, T, T)`: the entries
+            to score, e.g. `valid[:, :, None]` for the rows of real
+            positions. `ValueError` if its static shape is not, or for a
+            rank-2 mask when `B == T`, where a `(B, T)` padding mask (what
+            the other receptive-field functions take) broadcast over the
+            wrong axes.
 
     Returns:
         `(precision, recall)` as float32 scalars; 0 where undefined.
@@ -163,10 +177,19 @@ def precision_recall(predicted, target, mask=None):
         )
     if mask is not None:
         mask_shape = static_shape(mask)
-        if mask_shape is not None and len(mask_shape) != 3:
+        batch, length = shapes[0][0], shapes[0][1]
+        if (
+            mask_shape is not None
+            and len(mask_shape) == 2
+            and batch == length
+            and batch is not None
+        ):
+            # Ambiguous: a `(B, T)` padding mask broadcast over the wrong
+            # axes (it fails the broadcast check when B != T).
             raise ValueError(
-                "`mask` must be rank 3, broadcastable to `(B, T, T)` (for "
-                "a `(B, T)` padding mask pass `valid[:, :, None]`). "
+                "`mask` must be rank 3 when `B == T`, e.g. "
+                "`valid[:, :, None]` for a `(B, T)` padding mask or "
+                "`mask[None]` for a `(T, T)` one. "
                 f"Received: mask with shape {mask_shape}"
             )
         check_broadcastable("mask", mask_shape, shapes[0], "`predicted`")

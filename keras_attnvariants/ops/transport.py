@@ -399,19 +399,6 @@ def gaussian_mmd(x, y, x_mask=None, y_mask=None, bandwidth=1.0):
     """
     bandwidth = check_float("bandwidth", bandwidth)
     _check_points(x, y)
-    x_shape, y_shape = static_shape(x), static_shape(y)
-    if (
-        x_shape is not None
-        and y_shape is not None
-        and not (
-            len(x_shape) == len(y_shape)
-            and all(map(same_size, x_shape[:-2], y_shape[:-2]))
-        )
-    ):
-        raise ValueError(
-            "`y` must have the leading axes of `x`, "
-            f"{x_shape[:-2]}. Received: y with shape {y_shape}"
-        )
     x = ops.cast(x, "float32")
     y = ops.cast(y, "float32")
     x_valid = _point_mask(

@@ -266,11 +266,8 @@ class ShapeChecksTest(TestCase):
             with self.assertRaisesRegex(ValueError, "`y`.*Received: y"):
                 fn(x, y)
 
-    def test_gaussian_mmd_rejects_batch_broadcast(self):
+    def test_gaussian_mmd_rejects_mask_shapes(self):
         x = np.ones((2, 3, 5), "float32")
-        y = np.ones((1, 4, 5), "float32")
-        with self.assertRaisesRegex(ValueError, "`y`.*Received: y"):
-            kops.gaussian_mmd(x, y)
         with self.assertRaisesRegex(ValueError, "`x_mask`.*Received: x_mask"):
             kops.gaussian_mmd(x, x, x_mask=np.ones((2, 4), bool))
 
