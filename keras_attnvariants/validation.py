@@ -232,3 +232,11 @@ def check_integer_dtype(name, x, form):
             f"`{name}` must be integer {form}. "
             f"Received: {name} with dtype {dtype}"
         )
+
+
+def is_python_value(value):
+    """True for None, strings and Python or NumPy scalars: the arguments a
+    check reads by value (tensors, variables and arrays are not)."""
+    return value is None or isinstance(
+        value, (str, bytes, numbers.Number, np.generic)
+    )

@@ -163,24 +163,17 @@ def _check_sizes(num_heads, key_dim, kwargs):
         kwargs["use_bias"] = check_bool("use_bias", kwargs["use_bias"])
     output_shape = kwargs.get("output_shape")
     if output_shape is not None:
-        sizes = (
-            list(output_shape)
-            if isinstance(output_shape, (list, tuple))
-            else [output_shape]
-        )
+        is_sequence = isinstance(output_shape, (list, tuple))
+        sizes = list(output_shape) if is_sequence else [output_shape]
         try:
+            if not sizes:
+                raise ValueError("empty")
             sizes = [check_int("output_shape", size) for size in sizes]
         except ValueError:
             raise ValueError(
                 "`output_shape` must be None, an int >= 1 or a tuple of "
                 f"ints >= 1. Received: output_shape={output_shape!r}"
             ) from None
-        if not sizes:
-            raise ValueError(
-                "`output_shape` must be None, an int >= 1 or a tuple of "
-                f"ints >= 1. Received: output_shape={output_shape!r}"
-            )
-        is_sequence = isinstance(output_shape, (list, tuple))
         kwargs["output_shape"] = tuple(sizes) if is_sequence else sizes[0]
     return num_heads, key_dim
 

@@ -3,7 +3,6 @@
 import numbers
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attnvariants.losses.attention_loss import AttentionLoss
@@ -14,6 +13,7 @@ from keras_attnvariants.ops.patterns import guidance_pattern
 from keras_attnvariants.ops.patterns import normalize_token_id
 from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
+from keras_attnvariants.validation import is_python_value
 
 REDUCTIONS = ("sum", "mean")
 
@@ -581,9 +581,7 @@ def guidance_attention_bias(
     """
     head_map = _normalize_head_map(head_patterns, False)
     num_heads = check_int("num_heads", num_heads)
-    if strength is None or isinstance(
-        strength, (str, bytes, numbers.Number, np.generic)
-    ):
+    if is_python_value(strength):
         # Numbers are checked; a tensor or `keras.Variable` (an annealed or
         # learned strength) passes.
         strength = check_float("strength", strength, low=None)

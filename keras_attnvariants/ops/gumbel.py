@@ -28,6 +28,7 @@ from keras_attnvariants.validation import check_integer_dtype
 from keras_attnvariants.validation import check_rank
 from keras_attnvariants.validation import check_seed
 from keras_attnvariants.validation import check_shape
+from keras_attnvariants.validation import is_python_value
 from keras_attnvariants.validation import same_size
 from keras_attnvariants.validation import static_shape
 
@@ -40,14 +41,6 @@ GUMBEL_EPS = 1e-20
 MIN_TEMPERATURE = 1e-4
 
 
-def _is_number(value):
-    """True for None, strings and Python or NumPy scalars: the values an
-    argument check reads by value (not tensors or arrays)."""
-    return value is None or isinstance(
-        value, (str, bytes, numbers.Number, np.generic)
-    )
-
-
 def _temperature(temperature, scores_shape):
     """The float32 temperature of `relaxed_logits`.
 
@@ -57,7 +50,7 @@ def _temperature(temperature, scores_shape):
     variable) is floored at `MIN_TEMPERATURE`, as the layer floors its
     own: its value is not known when tracing, and a 0 gave NaN weights.
     """
-    if _is_number(temperature):
+    if is_python_value(temperature):
         return ops.cast(check_float("temperature", temperature), "float32")
     check_broadcastable(
         "temperature", static_shape(temperature), scores_shape, "`scores`"
@@ -184,7 +177,7 @@ def _coordinates(size, axis):
 def _check_key(key):
     """`ValueError` unless `key` is an int or an integer scalar tensor (a
     float key was truncated, None and strings failed in the backend)."""
-    if _is_number(key):
+    if is_python_value(key):
         ok = isinstance(key, numbers.Integral) and not isinstance(
             key, (bool, np.bool_)
         )

@@ -4,13 +4,11 @@ Masks are boolean, `True` = may attend, and broadcastable to the scores
 `(..., T, S)` (queries on axis -2, keys on axis -1).
 """
 
-import numbers
-
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attnvariants.validation import check_int
+from keras_attnvariants.validation import is_python_value
 from keras_attnvariants.validation import static_shape
 
 # Fill value for masked logits. The normalizations run in float32, where
@@ -88,9 +86,7 @@ def check_length(name, length):
     `ValueError` for None, strings, booleans, floats, negatives); a tensor
     or a symbolic size (a dynamic length) passes, unless its static dtype
     is not an integer."""
-    if length is None or isinstance(
-        length, (str, bytes, numbers.Number, np.generic)
-    ):
+    if is_python_value(length):
         return check_int(name, length, low=0)
     dtype = getattr(length, "dtype", None)
     if dtype is not None and "int" not in keras.backend.standardize_dtype(

@@ -6,8 +6,6 @@ is cast back to the scores' dtype. Masked entries are exactly 0; fully
 masked rows or columns give zeros, never NaN.
 """
 
-import numbers
-
 import keras
 import numpy as np
 from keras import ops
@@ -16,6 +14,7 @@ from keras_attnvariants.ops.masking import MASK_FILL
 from keras_attnvariants.validation import check_broadcastable
 from keras_attnvariants.validation import check_int
 from keras_attnvariants.validation import check_unit_float
+from keras_attnvariants.validation import is_python_value
 from keras_attnvariants.validation import static_shape
 
 
@@ -340,11 +339,7 @@ def _check_mix(mix, scores_shape):
     (not booleans, nan or strings); tensors and variables by their static
     shape only (a trained mix is the layer's to keep in range).
     """
-    if (
-        mix is None
-        or isinstance(mix, (str, bytes, numbers.Number))
-        or isinstance(mix, np.bool_)
-    ):
+    if is_python_value(mix):
         check_unit_float("mix", mix)
         return
     if isinstance(mix, (list, tuple, np.ndarray)):

@@ -386,8 +386,8 @@ def gaussian_mmd(x, y, x_mask=None, y_mask=None, bandwidth=1.0):
 
     Args:
         x: tensor `(..., n, d)`.
-        y: tensor `(..., m, d)`: the same leading axes `...` (no
-            broadcasting between the clouds) and feature size `d`.
+        y: tensor `(..., m, d)`: leading axes that broadcast with `x`'s
+            (e.g. one reference cloud for a batch) and feature size `d`.
         x_mask: optional boolean `(..., n)`.
         y_mask: optional boolean `(..., m)`.
         bandwidth: float > 0. Kernel width. Defaults to `1.0`.

@@ -85,22 +85,16 @@ class ConstructorTest(TestCase):
 
 
 class CallFlagsTest(TestCase):
-    @parameterized.parameters(*LAYERS)
-    def test_non_bool_use_causal_mask_raises(self, name):
-        # "no" is truthy: the Gumbel layer went causal.
+    # "no" is truthy: `use_causal_mask="no"` made the Gumbel layer causal.
+    @parameterized.product(
+        name=list(LAYERS), flag=["use_causal_mask", "return_attention_scores"]
+    )
+    def test_non_bool_flag_raises(self, name, flag):
         layer = LAYERS[name](2, 2)
         with self.assertRaisesRegex(
-            ValueError, "`use_causal_mask` must be a bool.*'no'"
+            ValueError, f"`{flag}` must be a bool.*'no'"
         ):
-            layer(_x(), _x(), use_causal_mask="no")
-
-    @parameterized.parameters(*LAYERS)
-    def test_non_bool_return_attention_scores_raises(self, name):
-        layer = LAYERS[name](2, 2)
-        with self.assertRaisesRegex(
-            ValueError, "`return_attention_scores` must be a bool"
-        ):
-            layer(_x(), _x(), return_attention_scores="no")
+            layer(_x(), _x(), **{flag: "no"})
 
 
 @pytest.mark.skipif(
