@@ -457,6 +457,46 @@ class ConvertedBackbone:
         return config
 
     @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """Loads a converted backbone saved with `save_to_preset`.
+
+        keras-hub's own `Backbone.from_preset` finds a preset's class by its
+        registered name, which every converted class shares, and refuses
+        the mixin it finds ("Call `from_preset` directly on
+        `ConvertedBackbone`"): this is that call. Called on a converted
+        class (`type(backbone).from_preset`), the preset must hold that
+        keras-hub class.
+
+        Args:
+            preset: a local preset directory written by `save_to_preset` of
+                a converted backbone (or of a task holding one).
+            load_weights: whether to load the saved weights. Defaults to
+                `True`.
+            **kwargs: backbone arguments keras-hub's `from_preset` forwards
+                (e.g. `dtype`).
+
+        Returns:
+            The converted backbone, with its attention class, attached
+            terms and their weights.
+        """
+        keras_hub = import_keras_hub()
+        # keras-hub checks the class it finds against the calling class:
+        # the mixin always passes, whichever converted class is registered
+        # last in this process.
+        backbone = keras_hub.models.Backbone.from_preset.__func__(
+            ConvertedBackbone, preset, load_weights=load_weights, **kwargs
+        )
+        if not isinstance(backbone, cls):
+            raise ValueError(
+                f"The preset holds a converted "
+                f"`{original_class(type(backbone)).__name__}`, not a "
+                f"`{original_class(cls).__name__}`: load it with "
+                "`keras_attnvariants.backbones.ConvertedBackbone"
+                f".from_preset`. Received: preset={preset!r}"
+            )
+        return backbone
+
+    @classmethod
     def from_config(cls, config):
         import_keras_hub()
         config = dict(config)
@@ -607,9 +647,13 @@ def convert_backbone(
     attention classes only.
 
     The result survives `.keras` save / load (after
-    `import keras_attnvariants.backbones`) and `export()`, not keras-hub's
-    `save_to_preset` / `from_preset`: keras-hub finds a preset's class by
-    its registered name, which all converted classes share.
+    `import keras_attnvariants.backbones`) and `export()`. Its
+    `save_to_preset` preset reloads with `ConvertedBackbone.from_preset`,
+    not keras-hub's `Backbone.from_preset`: keras-hub finds a preset's
+    class by its registered name, which all converted classes share. A
+    task's preset does not reload (keras-hub matches tokenizers,
+    preprocessors and tasks to the backbone's class); save task models as
+    `.keras`.
 
     Args:
         backbone: a keras-hub backbone built from `TransformerEncoder` or
