@@ -240,3 +240,20 @@ def is_python_value(value):
     return value is None or isinstance(
         value, (str, bytes, numbers.Number, np.generic)
     )
+
+
+def python_scalars(kwargs, names):
+    """`kwargs` with the NumPy scalars under `names` made Python ones.
+
+    Keras turns NumPy call arguments into tensors, which a layer's checks
+    of a Python flag or index (`use_causal_mask`, the two-stream `view`)
+    cannot read.
+    """
+    if not any(isinstance(kwargs.get(name), np.generic) for name in names):
+        return kwargs
+    return {
+        key: value.item()
+        if key in names and isinstance(value, np.generic)
+        else value
+        for key, value in kwargs.items()
+    }

@@ -11,6 +11,7 @@ from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
 from keras_attnvariants.validation import check_seed
+from keras_attnvariants.validation import python_scalars
 
 
 def test_check_int_accepts_numpy_ints_and_returns_python_ints():
@@ -95,3 +96,14 @@ def test_check_bool_rejects_non_bools(value):
         + re.escape(repr(value)),
     ):
         check_bool("flag", value)
+
+
+def test_python_scalars_converts_only_the_named_numpy_scalars():
+    kwargs = {"view": np.int64(1), "flag": np.bool_(True), "x": np.ones(2)}
+    converted = python_scalars(kwargs, ("view", "flag"))
+    assert type(converted["view"]) is int and converted["view"] == 1
+    assert converted["flag"] is True
+    assert converted["x"] is kwargs["x"]  # arrays stay (Keras's inputs)
+    assert type(kwargs["view"]) is np.int64  # the caller's dict unchanged
+    untouched = {"view": 2}
+    assert python_scalars(untouched, ("view",)) is untouched

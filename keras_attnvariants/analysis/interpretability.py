@@ -13,14 +13,7 @@ from scipy import stats
 
 from keras_attnvariants.evaluation import as_numpy
 from keras_attnvariants.evaluation import key_attention_totals
-from keras_attnvariants.ops.receptive_field import unstack_layers
-
-
-def _shape(value):
-    """The shape of an array, tensor or nested list, as a tuple."""
-    if hasattr(value, "shape"):
-        return tuple(value.shape)
-    return np.shape(value)
+from keras_attnvariants.ops.receptive_field import layer_list
 
 
 def attention_importance(attentions, mask=None, query_mask=None):
@@ -40,44 +33,10 @@ def attention_importance(attentions, mask=None, query_mask=None):
     Returns:
         float32 NumPy array `(B, S)`.
     """
-    attentions = unstack_layers(attentions)
-    if not isinstance(attentions, (list, tuple)) or not attentions:
-        shape = getattr(attentions, "shape", None)
-        received = (
-            f"attentions of type {type(attentions).__name__} with shape "
-            f"{tuple(shape)}"
-            if shape is not None
-            else f"attentions={attentions!r}"
-        )
-        raise ValueError(
-            "`attentions` must be a non-empty list (or tuple) of per-layer "
-            "weights (B, N, T, S) or (B, T, S); for one layer pass "
-            f"`[weights]`. Received: {received}"
-        )
+    attentions = layer_list(attentions)
     total = 0.0
-    first = None
     for z in attentions:
-        if z is None:
-            raise ValueError(
-                "Each of `attentions` must be (B, N, T, S) or (B, T, S) "
-                "weights. Received: an element None"
-            )
         z = as_numpy(ops.cast(z, "float32"))
-        if z.ndim not in (3, 4):
-            raise ValueError(
-                "Each of `attentions` must be (B, N, T, S) or (B, T, S). "
-                f"Received: shape={z.shape}"
-            )
-        if first is None:
-            first = z.shape
-        elif (z.shape[0], z.shape[-1]) != (first[0], first[-1]):
-            # Summed over layers, other sizes broadcast (a batch of 1) or
-            # failed in NumPy without naming the argument.
-            raise ValueError(
-                "All of `attentions` must have the same batch B and keys "
-                "S. Received: shapes "
-                f"{[_shape(a) for a in attentions]}"
-            )
         if mask is not None and np.shape(mask) != (z.shape[0], z.shape[-1]):
             raise ValueError(
                 f"`mask` must be ({z.shape[0]}, {z.shape[-1]}) booleans for "

@@ -22,18 +22,10 @@ from keras_attnvariants.ops.normalization import masked_softmax
 from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_int
 from keras_attnvariants.validation import check_seed
+from keras_attnvariants.validation import python_scalars
 
 MODES = ("two_stream", "single_stream")
 MODEL_ATTENTIONS = ("discrete", "soft")
-
-
-def python_view(kwargs):
-    """`kwargs` with a NumPy int `view` made a Python int: Keras turns
-    NumPy call arguments into tensors, which the `view` check (and the
-    choice of controller) cannot read."""
-    if isinstance(kwargs.get("view"), np.integer):
-        kwargs = dict(kwargs, view=int(kwargs["view"]))
-    return kwargs
 
 
 @keras.saving.register_keras_serializable(package="keras_attnvariants")
@@ -313,7 +305,7 @@ class TwoStreamBlock(keras.layers.Layer):
             )
 
     def __call__(self, *args, **kwargs):
-        return super().__call__(*args, **python_view(kwargs))
+        return super().__call__(*args, **python_scalars(kwargs, ("view",)))
 
     def _check_call_arguments(
         self, inputs, padding_mask, view, use_causal_mask=False

@@ -9,7 +9,6 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (
 from keras_attnvariants.layers.two_stream_block import MODEL_ATTENTIONS
 from keras_attnvariants.layers.two_stream_block import MODES
 from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
-from keras_attnvariants.layers.two_stream_block import python_view
 from keras_attnvariants.losses.attention_loss import KeepsStepLosses
 from keras_attnvariants.losses.attention_loss import batch_mean
 from keras_attnvariants.ops.receptive_field import receptive_field_mean_size
@@ -20,6 +19,7 @@ from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
 from keras_attnvariants.validation import check_seed
 from keras_attnvariants.validation import layer_seed
+from keras_attnvariants.validation import python_scalars
 
 REDUCTIONS = ("mean", "union")
 
@@ -331,7 +331,7 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         return h
 
     def __call__(self, *args, **kwargs):
-        return super().__call__(*args, **python_view(kwargs))
+        return super().__call__(*args, **python_scalars(kwargs, ("view",)))
 
     def compute_mask(self, token_ids, previous_mask=None):
         # The model stream's Keras mask (the attention list has none).

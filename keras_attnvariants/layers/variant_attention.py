@@ -23,6 +23,7 @@ from keras_attnvariants.validation import SEED_LIMIT
 from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_int
 from keras_attnvariants.validation import check_seed
+from keras_attnvariants.validation import python_scalars
 
 ATTENTION_PATHS = ("auto", "explicit", "fused")
 # Query (B, T, N, H), key and value (B, S, N, H), scores (B, N, T, S).
@@ -376,11 +377,10 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             term.build_for_attention(self._num_heads, self._key_dim)
 
     def __call__(self, *args, **kwargs):
-        # NumPy booleans as Python ones: Keras turns NumPy call arguments
-        # into tensors, which the flags' checks (and MHA) cannot read.
-        for flag in ("return_attention_scores", "use_causal_mask"):
-            if isinstance(kwargs.get(flag), np.bool_):
-                kwargs[flag] = bool(kwargs[flag])
+        # NumPy booleans as Python ones, for the flags' checks (and MHA).
+        kwargs = python_scalars(
+            kwargs, ("return_attention_scores", "use_causal_mask")
+        )
         return super().__call__(*args, **kwargs)
 
     @property

@@ -59,6 +59,77 @@ def unstack_layers(attentions):
     return attentions
 
 
+def layer_list(attentions, square=False):
+    """Per-layer attention weights as a non-empty list, checked.
+
+    The one check of `receptive_fields` and
+    `analysis.attention_importance`: a single tensor was iterated over
+    its batch, and layers of another batch (or another key length)
+    broadcast into the sum.
+
+    Args:
+        attentions: list (or tuple) of per-layer weights `(B, N, T, S)` or
+            `(B, T, S)`, or the layers stacked `(L, B, N, T, S)`.
+        square: self-attention weights only (`T == S`).
+
+    Returns:
+        list of the layers' weights; array-likes without a `shape` become
+        tensors.
+    """
+    form = (
+        "`(B, N, T, T)` or `(B, T, T)`"
+        if square
+        else "`(B, N, T, S)` or `(B, T, S)`"
+    )
+    attentions = unstack_layers(attentions)
+    if not isinstance(attentions, (list, tuple)) or not attentions:
+        received = (
+            f"attentions with shape {static_shape(attentions)}"
+            if hasattr(attentions, "shape")
+            else f"attentions={attentions!r}"
+        )
+        raise ValueError(
+            "`attentions` must be a non-empty list (or tuple) of per-layer "
+            f"weights {form}; for one layer pass `[weights]`. "
+            f"Received: {received}"
+        )
+    if any(z is None for z in attentions):
+        raise ValueError(
+            f"Each of `attentions` must be weights {form}. "
+            "Received: an element None"
+        )
+    attentions = [
+        z if hasattr(z, "shape") else ops.convert_to_tensor(z)
+        for z in attentions
+    ]
+    first = None
+    for z in attentions:
+        shape = static_shape(z)
+        if shape is None:
+            continue
+        if len(shape) not in (3, 4) or (
+            # One example's `(T, T)` weights or non-square `(B, 1, S)` ones
+            # broadcast into a wrong field without a word.
+            square and not same_size(shape[-1], shape[-2])
+        ):
+            kind = "self-attention " if square else ""
+            raise ValueError(
+                f"Each of `attentions` must be {kind}weights {form}. "
+                f"Received: attentions with shape {shape}"
+            )
+        if first is None:
+            first = shape
+        elif not (
+            same_size(shape[0], first[0]) and same_size(shape[-1], first[-1])
+        ):
+            raise ValueError(
+                "`attentions` must all have the same batch B and keys S "
+                f"as the first layer, shape {first}. Received: attentions "
+                f"with shapes {[static_shape(a) for a in attentions]}"
+            )
+    return attentions
+
+
 def receptive_fields(attentions, mask=None):
     """Soft receptive fields `s^L` from per-layer self-attention.
 
@@ -75,47 +146,7 @@ def receptive_fields(attentions, mask=None):
         float32 `(B, T, T)` in `[0, 1]`; `[b, i, j]` is the dependence of
         position `i` on token `j`. Rows and columns of padded tokens are 0.
     """
-    attentions = unstack_layers(attentions)
-    if not isinstance(attentions, (list, tuple)) or not attentions:
-        shape = static_shape(attentions) if attentions is not None else None
-        received = (
-            f"attentions with shape {shape}"
-            if hasattr(attentions, "shape")
-            else f"attentions={attentions!r}"
-        )
-        raise ValueError(
-            "`attentions` must be a non-empty list of per-layer weights "
-            f"`(B, N, T, T)` or `(B, T, T)`. Received: {received}"
-        )
-    attentions = [
-        z if hasattr(z, "shape") else ops.convert_to_tensor(z)
-        for z in attentions
-    ]
-    first_shape = None
-    for z in attentions:
-        # One example's `(T, T)` weights or non-square `(B, 1, S)` ones
-        # broadcast into a wrong field without a word.
-        shape = static_shape(z)
-        if shape is None:
-            continue
-        if len(shape) not in (3, 4) or not same_size(shape[-1], shape[-2]):
-            raise ValueError(
-                "Each of `attentions` must be self-attention weights "
-                "`(B, N, T, T)` or `(B, T, T)`. "
-                f"Received: attentions with shape {shape}"
-            )
-        if first_shape is None:
-            first_shape = shape
-        elif not (
-            same_size(shape[0], first_shape[0])
-            and same_size(shape[-1], first_shape[-1])
-        ):
-            raise ValueError(
-                "`attentions` must all have the batch `B` and length `T` "
-                f"of the first layer, shape {first_shape}. "
-                f"Received: attentions with shapes "
-                f"{[static_shape(a) for a in attentions]}"
-            )
+    attentions = layer_list(attentions, square=True)
     first = ops.cast(attentions[0], "float32")
     length = ops.shape(first)[-1]
     valid = _token_mask(mask, first[:, 0] if len(first.shape) == 4 else first)
