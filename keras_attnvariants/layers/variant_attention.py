@@ -102,11 +102,18 @@ def _runtime_shape_checked(query, value, key):
     unchanged = query, value, key
     if keras.backend.backend() != "tensorflow":
         return unchanged
-    tensors = {"query": query, "value": value}
-    if key is not None:
-        tensors["key"] = key
-    batches_known = all(isinstance(t.shape[0], int) for t in tensors.values())
-    lengths_known = key is None or (
+    # Self-attention passes one tensor twice (or three times): its sizes
+    # always agree, and its graph keeps no assertion.
+    others = {
+        name: tensor
+        for name, tensor in (("value", value), ("key", key))
+        if tensor is not None and tensor is not query
+    }
+    check_length = key is not None and key is not value
+    batches_known = all(
+        isinstance(t.shape[0], int) for t in (query, *others.values())
+    )
+    lengths_known = not check_length or (
         isinstance(key.shape[1], int) and isinstance(value.shape[1], int)
     )
     if batches_known and lengths_known:
@@ -115,18 +122,15 @@ def _runtime_shape_checked(query, value, key):
 
     if tf.executing_eagerly():
         return unchanged
-    checks = []
-    for name in tensors:
-        if name == "query":
-            continue
-        checks.append(
-            tf.debugging.assert_equal(
-                tf.shape(query)[0],
-                tf.shape(tensors[name])[0],
-                message=f"`query` and `{name}` must have the same batch size",
-            )
+    checks = [
+        tf.debugging.assert_equal(
+            tf.shape(query)[0],
+            tf.shape(tensor)[0],
+            message=f"`query` and `{name}` must have the same batch size",
         )
-    if key is not None:
+        for name, tensor in others.items()
+    ]
+    if check_length:
         checks.append(
             tf.debugging.assert_equal(
                 tf.shape(key)[1],
@@ -134,16 +138,21 @@ def _runtime_shape_checked(query, value, key):
                 message="`key` and `value` must have the same length",
             )
         )
+    outputs = {}
 
     def checked(tensor):
+        """`tensor` behind the checks, once per distinct tensor (the same
+        tensor passed twice stays one)."""
         if tensor is None:
             return None
-        with tf.control_dependencies(checks):
-            out = tf.identity(tensor)
-        mask = get_keras_mask(tensor)
-        if mask is not None:
-            set_keras_mask(out, mask)
-        return out
+        if id(tensor) not in outputs:
+            with tf.control_dependencies(checks):
+                out = tf.identity(tensor)
+            mask = get_keras_mask(tensor)
+            if mask is not None:
+                set_keras_mask(out, mask)
+            outputs[id(tensor)] = out
+        return outputs[id(tensor)]
 
     return checked(query), checked(value), checked(key)
 

@@ -136,6 +136,26 @@ class GraphShapeTest(TestCase):
         ):
             fn(_x(), _x(2, 5), _x(2, 4))
 
+    def test_self_attention_graph_keeps_no_assertion(self):
+        """One tensor passed as query, value and key always agrees with
+        itself: its graph has no `Assert` (about 27 ops per call before);
+        cross-attention's keeps one."""
+        import tensorflow as tf
+
+        layer = LAYERS["hnas"](2, 2)
+        layer(_x(), _x())
+        spec = tf.TensorSpec((None, None, 4), tf.float32)
+
+        def asserts(fn, n):
+            graph = tf.function(fn, input_signature=[spec] * n)
+            ops_ = graph.get_concrete_function().graph.get_operations()
+            return sum(op.type == "Assert" for op in ops_)
+
+        self.assertEqual(asserts(lambda x: layer(x, x), 1), 0)
+        self.assertEqual(asserts(lambda x: layer(x, x, x), 1), 0)
+        self.assertGreater(asserts(lambda q, v: layer(q, v), 2), 0)
+        self.assertGreater(asserts(lambda q, v: layer(q, v, v), 2), 0)
+
     def test_jit_compiled_fit_still_runs(self):
         # XLA drops the assertion; it must not stop compilation.
         x = keras.Input((None, 4))
