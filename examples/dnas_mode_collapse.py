@@ -14,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from flag_types import output_file  # noqa: E402
 from keras import ops  # noqa: E402
 
 from keras_attnvariants import ops as kav_ops  # noqa: E402
@@ -27,10 +28,16 @@ def normalizer(fn):
     )
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", default="mode_collapse.png")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--output", type=output_file, default="mode_collapse.png"
+    )
+    return parser.parse_args(argv)
+
+
+def main():
+    args = parse_args()
     points = two_gaussian_clusters(seed=0)
     runs = {
         "softmax (UNAS)": self_attention_steps(

@@ -18,21 +18,29 @@ matplotlib.use("Agg")
 import keras  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from flag_types import output_file  # noqa: E402
+from flag_types import positive_float  # noqa: E402
 
 import keras_attnvariants as kav  # noqa: E402
 from keras_attnvariants import evaluation  # noqa: E402
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", default="explain_away.png")
+    parser.add_argument(
+        "--output", type=output_file, default="explain_away.png"
+    )
     parser.add_argument(
         "--scale",
-        type=float,
+        type=positive_float,
         default=6.0,
         help="input scale: larger means sharper attention",
     )
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main():
+    args = parse_args()
     rng = np.random.default_rng(0)
     queries = rng.normal(size=(16, 20, 32)).astype("float32") * args.scale
     keys = rng.normal(size=(16, 100, 32)).astype("float32") * args.scale

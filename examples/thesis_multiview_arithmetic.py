@@ -46,6 +46,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from flag_types import non_negative_int  # noqa: E402
+from flag_types import output_file  # noqa: E402
 from flag_types import positive_float  # noqa: E402
 from flag_types import positive_int  # noqa: E402
 from flag_types import seed  # noqa: E402
@@ -146,7 +147,9 @@ def parse_args(argv=None):
         help="which models to train (transformer-*: a standard transformer "
         "of the same size on one view, as a control)",
     )
-    parser.add_argument("--plot", help="optional PNG of accuracy by depth")
+    parser.add_argument(
+        "--plot", type=output_file, help="optional PNG of accuracy by depth"
+    )
     args = parser.parse_args(argv)
     if args.quick:  # new defaults: flags given explicitly still apply
         parser.set_defaults(**QUICK)

@@ -41,6 +41,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from flag_types import non_negative_float  # noqa: E402
+from flag_types import output_file  # noqa: E402
 from flag_types import positive_float  # noqa: E402
 from flag_types import positive_int  # noqa: E402
 from flag_types import seed  # noqa: E402
@@ -118,7 +119,9 @@ def parse_args(argv=None):
             flag, action=argparse.BooleanOptionalAction, default=True, help=text
         )
     parser.add_argument("--seed", type=seed, default=0)
-    parser.add_argument("--plot", help="optional PNG: one example's fields")
+    parser.add_argument(
+        "--plot", type=output_file, help="optional PNG: one example's fields"
+    )
     args = parser.parse_args(argv)
     if args.quick:  # new defaults: flags given explicitly still apply
         parser.set_defaults(**QUICK)

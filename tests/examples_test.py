@@ -340,6 +340,13 @@ def test_invalid_flags_exit_with_a_one_line_usage_error(capsys):
         ("thesis_multiview_arithmetic", ["--seed", str(2**32)], "--seed"),
         ("attention_guidance_mlm", ["--seed", "-3"], "--seed"),
         ("finetune_pretrained_with_variants", ["--seed", "-1"], "--seed"),
+        # Figures were written after all the work: a missing folder ended
+        # in a FileNotFoundError traceback then; a scale of 0 ran.
+        ("explain_away_histogram", ["--output", "/no/such/x.png"], "--output"),
+        ("explain_away_histogram", ["--scale", "0"], "--scale"),
+        ("dnas_mode_collapse", ["--output", "/no/such/x.png"], "--output"),
+        ("thesis_receptive_field", ["--plot", "/no/such/x.png"], "--plot"),
+        ("thesis_multiview_arithmetic", ["--plot", "/no/x.png"], "--plot"),
     ):
         example = _load(name)
         with pytest.raises(SystemExit) as exit_info:

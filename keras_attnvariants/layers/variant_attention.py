@@ -264,10 +264,13 @@ class VariantAttention(keras.layers.MultiHeadAttention):
     MHA's constructor, call signature, weight layout and Keras-mask merging,
     and adds:
 
-    - Mask validation: `attention_mask` must be broadcastable to
-      `(B, T, S)`, `query_mask` be `(B, T)` and `value_mask` and `key_mask`
-      `(B, S)`; anything else raises `ValueError`, checked before the
-      masks are merged. The Keras masks of the inputs are left in place
+    - Mask validation: `attention_mask` must be rank 3, each axis 1 or
+      the size of `(B, T, S)` (a rank-2 mask raises: Keras MHA reads it as
+      `(T, S)`, and a `(B, S)` padding mask passed there looks the same
+      when `B == T`; pass `mask[None]` for one mask shared by the batch),
+      `query_mask` be `(B, T)` and `value_mask` and `key_mask` `(B, S)`;
+      anything else raises `ValueError`, checked before the masks are
+      merged. The Keras masks of the inputs are left in place
       (Keras MHA clears them).
     - `self_attention_padding`: in self-attention, a key that no query may
       attend is treated as a padded query too. keras-hub encoders mask only
@@ -625,8 +628,13 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             for got, want in zip(mask.shape, expected)
         ):
             raise ValueError(
-                "`attention_mask` must be a boolean tensor broadcastable to "
-                f"(batch, query_length, key_length) = {expected}. "
+                "`attention_mask` must be a rank-3 boolean tensor "
+                "broadcastable to (batch, query_length, key_length) = "
+                f"{expected}: for one mask shared by the batch pass "
+                "`mask[None]`, for a `(batch, key_length)` padding mask "
+                "`mask[:, None, :]` or `value_mask` (a rank-2 mask is "
+                "refused: Keras MHA reads it as (query_length, key_length), "
+                "which a padding mask also is when batch == query_length). "
                 f"Received: attention_mask with shape {tuple(mask.shape)}"
             )
 

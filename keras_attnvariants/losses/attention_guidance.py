@@ -148,7 +148,7 @@ class AttentionGuidanceRegularizer(AttentionLoss):
 
     For one layer's self-attention weights `H` `(B, N, T, T)` (before
     dropout) and a head map `{head j: pattern P_j}` this returns, with the
-    default `reduction="sum"` (paper Eq. 2-3),
+    default `reduction="sum"` (paper Eq. 2-4),
 
     `alpha_t * mean_b sum_{j guided} sum_{p, q valid} (H_bj[p, q] -
     P_bj[p, q])^2`,

@@ -46,6 +46,25 @@ class MaskValidationTest(TestCase, parameterized.TestCase):
             else:
                 layer(x, x, attention_mask=bad, query_mask=valid)
 
+    def test_rank_2_attention_mask_raises_saying_how_to_share_it(self):
+        # Keras MHA reads (T, S) as shared by the batch; the docs said
+        # "broadcastable to (B, T, S)", which (T, S) is, yet it raised
+        # without saying what to pass.
+        x = np.random.default_rng(1).normal(size=(2, 5, 4)).astype("float32")
+        causal = np.tril(np.ones((5, 5), bool))
+        layer = make("dnas")
+        with self.assertRaisesRegex(
+            ValueError, r"rank-3.*`mask\[None\]`.*shape \(5, 5\)"
+        ):
+            layer(x, x, attention_mask=causal)
+        np.testing.assert_allclose(
+            numpy_out(layer(x, x, attention_mask=causal[None])),
+            numpy_out(
+                layer(x, x, attention_mask=np.broadcast_to(causal, (2, 5, 5)))
+            ),
+            atol=1e-6,
+        )
+
     @parameterized.named_parameters(
         ("query_rank", "query_mask", (2, 3, 1)),
         ("query_length", "query_mask", (2, 4)),
