@@ -249,6 +249,10 @@ class TwoStreamBlock(keras.layers.Layer):
             self.model_value.build(shape)
             self.model_output.build(heads)
             self._build_ffn(self.model_ffn, shape)
+        if not self.trainable:
+            # Frozen before it was built: Keras set only the flag, and the
+            # sublayers (made in `__init__`) started trainable.
+            keras.layers.Layer.trainable.fset(self, False)
 
     def _check_input_shape(self, input_shape):
         """Raises `ValueError` unless the streams are `(B, T, d_model)`."""

@@ -275,6 +275,10 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
             block.build(
                 (stream, stream) if self.mode == "two_stream" else stream
             )
+        if not self.trainable:
+            # Frozen before it was built: Keras set only the flag, and the
+            # sublayers (made in `__init__`) started trainable.
+            keras.layers.Layer.trainable.fset(self, False)
 
     def _embed(self, token_ids, layers):
         tokens, positions = layers

@@ -387,6 +387,11 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         super().build(query_shape, value_shape, key_shape)
         for term in self.attention_losses:
             term.build_for_attention(self._num_heads, self._key_dim)
+        if not self.trainable:
+            # Frozen before it was built (`trainable=False` or the setter):
+            # Keras set only the flag, the projections built here started
+            # trainable, and `fit` trained them.
+            VariantAttention.trainable.fset(self, False)
 
     def __call__(self, *args, **kwargs):
         # NumPy booleans as Python ones, for the flags' checks (and MHA).
