@@ -309,7 +309,9 @@ class TwoStreamBlock(keras.layers.Layer):
             )
 
     def __call__(self, *args, **kwargs):
-        return super().__call__(*args, **python_scalars(kwargs, ("view",)))
+        return super().__call__(
+            *args, **python_scalars(kwargs, ("view", "use_causal_mask"))
+        )
 
     def _check_call_arguments(
         self, inputs, padding_mask, view, use_causal_mask=False
@@ -450,6 +452,15 @@ class TwoStreamBlock(keras.layers.Layer):
         if self.mode == "two_stream":
             return (stream(), stream()), z
         return stream(), z
+
+    def compute_output_shape(self, input_shape):
+        """`((g, h), z)` shapes in two-stream mode, `(h, z)` in
+        single-stream mode; `z` is `(B, N, T, T)`."""
+        self._check_input_shape(input_shape)
+        two = self.mode == "two_stream"
+        shape = tuple(input_shape[0] if two else input_shape)
+        z = (shape[0], self.num_heads, shape[1], shape[1])
+        return ((shape, shape), z) if two else (shape, z)
 
     def get_config(self):
         config = super().get_config()

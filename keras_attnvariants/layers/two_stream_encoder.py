@@ -335,7 +335,12 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         return h
 
     def __call__(self, *args, **kwargs):
-        return super().__call__(*args, **python_scalars(kwargs, ("view",)))
+        return super().__call__(
+            *args,
+            **python_scalars(
+                kwargs, ("view", "use_causal_mask", "return_attention")
+            ),
+        )
 
     def compute_mask(self, token_ids, previous_mask=None):
         # The model stream's Keras mask (the attention list has none).
@@ -361,6 +366,17 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
             )
             for _ in range(self.num_layers)
         ]
+
+    def compute_output_shape(self, input_shape, return_attention=False):
+        """`(B, T, d_model)`, and with `return_attention` the list of the
+        layers' `(B, N, T, T)` attention shapes."""
+        self._check_shape(tuple(input_shape))
+        batch, length = input_shape
+        h = (batch, length, self.d_model)
+        if not return_attention:
+            return h
+        z = (batch, self.num_heads, length, length)
+        return h, [z] * self.num_layers
 
     def get_config(self):
         config = super().get_config()
