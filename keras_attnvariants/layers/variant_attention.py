@@ -385,7 +385,21 @@ class VariantAttention(keras.layers.MultiHeadAttention):
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
+        key_length = (value_shape if key_shape is None else key_shape)[1]
         for term in self.attention_losses:
+            if (
+                term.needs_self_attention
+                and isinstance(query_shape[1], int)
+                and isinstance(key_length, int)
+                and query_shape[1] != key_length
+            ):
+                raise ValueError(
+                    f"`attention_losses` holds `{term.name}` "
+                    f"({type(term).__name__}), which reads self-attention "
+                    "weights (query length == key length). Received: "
+                    f"query_shape={tuple(query_shape)}, key length "
+                    f"{key_length}"
+                )
             term.build_for_attention(self._num_heads, self._key_dim)
         if not self.trainable:
             # Frozen before it was built (`trainable=False` or the setter):

@@ -349,7 +349,17 @@ class AttentionGuidanceRegularizer(AttentionLoss):
     def _on_losses_cleared(self):
         self._advanced_this_pass = False
 
+    needs_self_attention = True
+
     def build_for_attention(self, num_heads, key_dim):
+        # Checked when the model is built (it failed only in `fit`).
+        guided = max((max(m) for m in self.head_maps if m), default=-1)
+        if guided >= num_heads:
+            raise ValueError(
+                f"`head_patterns` guides head {guided}, but the attention "
+                f"layer it is attached to has {num_heads} heads. Received: "
+                f"head_patterns={self.head_patterns!r}"
+            )
         # Attention layers build inside the model's strategy scope.
         self.step  # noqa: B018 (creates the counter)
 

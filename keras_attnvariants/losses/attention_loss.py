@@ -217,6 +217,10 @@ class AttentionLoss(KeepsStepLosses, keras.layers.Layer):
     # layer can skip materializing the weights (`attention_weights` is then
     # `None` in their context).
     needs_attention_weights = True
+    # Whether the term reads square self-attention weights (T == S): an
+    # attention layer building with known, different query and key lengths
+    # then raises `ValueError` (functional models failed only in `fit`).
+    needs_self_attention = False
 
     def __init__(self, track_metric=True, **kwargs):
         # Terms compute in float32 under any policy: no casting of their

@@ -70,3 +70,26 @@ def test_numpy_bool_flags_are_taken_as_bools():
     h, attention = encoder(TOKENS, return_attention=np.True_)
     assert len(attention) == 1
     encoder(TOKENS, use_causal_mask=np.bool_(False))
+
+
+def test_guidance_on_cross_attention_raises_when_the_model_is_built():
+    # Passed functional-model construction and failed only in `fit`.
+    import keras_attnvariants as kav
+
+    term = kav.AttentionGuidanceRegularizer({0: "first"}, alpha=1.0)
+    layer = kav.HybridAttention(2, 4, attention_losses=[term])
+    query, value = keras.Input((3, 8)), keras.Input((5, 8))
+    with pytest.raises(ValueError, match="attention_losses.*self-attention"):
+        layer(query, value)
+    # Self-attention, and unknown lengths, build.
+    x = keras.Input((None, 8))
+    kav.HybridAttention(2, 4, attention_losses=[term])(x, x)
+
+
+def test_guidance_of_a_missing_head_raises_when_the_model_is_built():
+    import keras_attnvariants as kav
+
+    term = kav.AttentionGuidanceRegularizer({3: "next"}, alpha=1.0)
+    x = keras.Input((5, 8))
+    with pytest.raises(ValueError, match="guides head 3.*2 heads"):
+        kav.DoublyNormalizedAttention(2, 4, attention_losses=[term])(x, x)
