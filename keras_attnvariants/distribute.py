@@ -44,8 +44,8 @@ def split_cpu(num_devices):
 
     Raises:
         ValueError: if `num_devices` is not an int >= 1.
-        RuntimeError: if TensorFlow's devices are already initialized with
-            another split.
+        RuntimeError: if TensorFlow's devices are already initialized,
+            unless they were split into this same number.
     """
     tf = _tensorflow()
     num_devices = check_int("num_devices", num_devices)

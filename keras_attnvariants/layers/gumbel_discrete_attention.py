@@ -133,8 +133,9 @@ class GumbelDiscreteAttention(VariantAttention):
             `noise_seed`, so that it is independent of MHA's dropout, which
             this seed also seeds). Defaults to `None`.
         attention_losses, self_attention_padding, attention_path: as in
-            `VariantAttention` (`attention_path` is ignored: the weights
-            are always sampled explicitly).
+            `VariantAttention` (`attention_path` is ignored: there is no
+            fused kernel; when the weights are not returned, the relaxed
+            sample is folded into the value product).
         **kwargs: every other `keras.layers.MultiHeadAttention` argument
             (see `VariantAttention`).
 

@@ -396,7 +396,8 @@ def doubly_normalized_bias(scores, mask=None):
         mask: optional boolean mask broadcastable to `scores`.
 
     Returns:
-        float32 tensor of shape `(..., 1, S)`; 0 for keys with no valid query.
+        tensor of shape `(..., 1, S)` (float32, float64 for float64
+        scores); 0 for keys with no valid query.
     """
     x, mask = _prepare(as_scores(scores), mask)
     return -_column_log_normalizer(x, mask is not None)
