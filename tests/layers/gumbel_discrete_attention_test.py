@@ -175,6 +175,21 @@ class GumbelDiscreteAttentionTest(TestCase):
         freq = to_np(w).round().mean(0)
         self.assertAllClose(freq, to_np(soft)[0], atol=FREQUENCY_ATOL)
 
+    def test_sample_inference_draws_from_the_softmax(self):
+        # `inference_mode="sample"` is a Gumbel-max draw from
+        # Cat(softmax(s)) (uniform noise in its place went unnoticed).
+        x, _ = padded_inputs(seed=5, batch=1, length=4)
+        layer = GumbelDiscreteAttention(**INIT, seed=1, inference_mode="sample")
+        layer(x, x)
+        soft_layer = GumbelDiscreteAttention(**INIT, inference_mode="soft")
+        soft_layer(x, x)
+        soft_layer.set_weights(layer.get_weights())
+        _, soft = soft_layer(x, x, return_attention_scores=True)
+        big_x = np.repeat(x, SAMPLES, axis=0)
+        _, w = layer(big_x, big_x, return_attention_scores=True)
+        freq = to_np(w).mean(0)
+        self.assertAllClose(freq, to_np(soft)[0], atol=FREQUENCY_ATOL)
+
     @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.function XLA")
     def test_xla_noise_is_seeded_and_gumbel_distributed(self):
         # The noise reproduces with the seed, gives Gumbel-max samples

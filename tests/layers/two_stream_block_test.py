@@ -117,6 +117,27 @@ class TwoStreamBlockTest(TestCase):
         (_, h_b), _ = block((g, h), padding_mask=valid)
         self.assertAllClose(h_a, h_b, atol=1e-6)
 
+    def test_training_sample_follows_temperature_and_straight_through(self):
+        # The block's own `temperature` and `straight_through` reach the
+        # sampler (a fixed 1.0 and False there went unnoticed).
+        g, h, valid = streams(1)
+        rows = np.broadcast_to(valid[:, None, :], (2, 2, 5))
+
+        def sample(**kwargs):
+            block = TwoStreamBlock(8, 2, 16, seed=1, **kwargs)
+            _, z = block((g, h), padding_mask=valid, training=True)
+            return ops.convert_to_numpy(z)
+
+        z = sample(straight_through=True)
+        self.assertTrue(set(np.unique(z)) <= {0.0, 1.0})
+        self.assertAllClose(z.sum(-1)[rows], 1.0)
+        self.assertGreater(sample(temperature=1e-3).max(-1)[rows].min(), 0.99)
+        hot = sample(temperature=1e3).max(-1)
+        uniform = np.broadcast_to(
+            1.0 / valid.sum(-1)[:, None, None], rows.shape
+        )
+        self.assertAllClose(hot[rows], uniform[rows], atol=0.02)
+
     def test_multiview_controllers_share_the_model_stream(self):
         g, h, valid = streams(2)
         block = TwoStreamBlock(8, 2, 16, num_controllers=2)

@@ -96,9 +96,16 @@ def guided_model(reg, layers=1, num_heads=2, length=5):
 
 
 class AttentionGuidanceRegularizerTest(TestCase):
-    @parameterized.parameters("sum", "mean")
-    def test_matches_numpy(self, reduction):
-        head_map = {0: "next", 1: "delimiter", 2: "first"}
+    @parameterized.product(
+        reduction=("sum", "mean"),
+        # In the second map two heads share a pattern: "mean" averages over
+        # them (the paper's default map puts several heads on one pattern).
+        head_map=(
+            {0: "next", 1: "delimiter", 2: "first"},
+            {0: "first", 1: "delimiter", 2: "first"},
+        ),
+    )
+    def test_matches_numpy(self, reduction, head_map):
         reg = AttentionGuidanceRegularizer(
             head_map, alpha=3.0, reduction=reduction, delimiter_ids=[1, 2]
         )
