@@ -611,6 +611,39 @@ def copy_weights_by_path(source, target):
         variable.assign(keras.ops.copy(value))
 
 
+def _carry_lora(source, target):
+    """LoRA on `target`'s projections where `source` has it.
+
+    keras-hub's `enable_lora` adds `lora_kernel_a` / `_b` to the attention
+    projections; MHA's config does not hold them, so the rebuilt layers
+    had none and the copy by path raised. Enabled here with the same rank
+    and alpha (the adapters are then copied by path, and the flags of
+    `copy_trainable_by_path` keep the base kernels frozen), and the
+    backbone's LoRA bookkeeping is redone for `save_lora_weights`.
+    """
+    pairs = zip(self_attention_layers(source), self_attention_layers(target))
+    for old, new in pairs:
+        for name in _PROJECTIONS:
+            old_sub, new_sub = getattr(old, name, None), getattr(new, name)
+            if getattr(old_sub, "lora_enabled", False):
+                with _path_scope(new.path):
+                    new_sub.enable_lora(
+                        old_sub.lora_rank, lora_alpha=old_sub.lora_alpha
+                    )
+    if getattr(source, "_lora_enabled_layers", None):
+        weighted = [
+            layer
+            for layer in target._flatten_layers(include_self=False)
+            if layer.weights
+        ]
+        target._lora_rank = source._lora_rank
+        target._lora_enabled_layers = [
+            i
+            for i, layer in enumerate(weighted)
+            if getattr(layer, "lora_enabled", False)
+        ]
+
+
 def copy_trainable_by_path(source, target):
     """Gives each layer of `target` the `trainable` flag of the `source`
     layer of the same path (parents first, so a frozen parent's unfrozen
@@ -623,6 +656,12 @@ def copy_trainable_by_path(source, target):
     for layer in target._flatten_layers(include_self=False):
         if layer.path in flags:
             layer.trainable = flags[layer.path]
+    # Then each variable's own flag: LoRA freezes a projection's kernel
+    # inside a trainable layer.
+    variables = {v.path: v.trainable for v in source.weights}
+    for variable in target.weights:
+        if variable.path in variables:
+            variable.trainable = variables[variable.path]
 
 
 def convert_backbone(
@@ -760,6 +799,7 @@ def convert_backbone(
     # term the caller froze.
     term_flags = _term_flags(attention_losses)
     result = base.from_config.__func__(converted, config)
+    _carry_lora(backbone, result)
     copy_weights_by_path(backbone, result)
     copy_trainable_by_path(backbone, result)
     if "hybrid_init" in attention_kwargs:

@@ -255,8 +255,12 @@ class AttentionLoss(KeepsStepLosses, keras.layers.Layer):
         heads and query/key head size, so a term's weights exist before the
         first call: a converted backbone (built directly, never called
         symbolically) then saves and reloads them. The base class has no
-        weights and does nothing; terms with weights build them here.
+        weights; it marks a term without a `build` of its own built (an
+        unbuilt one made `model.quantize()` raise until the model had
+        trained). Terms with weights build them here.
         """
+        if type(self).build is keras.layers.Layer.build:
+            self.built = True
 
     def from_attention(self, context):
         raise NotImplementedError(
