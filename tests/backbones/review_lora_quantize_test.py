@@ -14,6 +14,7 @@ import os
 import keras
 import numpy as np
 import pytest
+from conversion_serialization_test import tiny_bert
 
 import keras_attnvariants as kav
 from keras_attnvariants.testing import layer_zoo
@@ -27,14 +28,7 @@ from keras_attnvariants.backbones import self_attention_layers  # noqa: E402
 
 def _bert(seed=0):
     keras.utils.set_random_seed(seed)
-    return keras_hub.models.BertBackbone(
-        vocabulary_size=50,
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
-        max_sequence_length=8,
-    )
+    return tiny_bert()
 
 
 def _inputs():
