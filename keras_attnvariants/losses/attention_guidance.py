@@ -1,5 +1,6 @@
 """Attention guidance (AG): steer chosen heads toward fixed patterns."""
 
+import math
 import numbers
 
 import keras
@@ -19,7 +20,8 @@ REDUCTIONS = ("sum", "mean")
 
 
 def default_head_patterns(num_heads, fraction=0.5):
-    """The paper's head map: guide `round(fraction * num_heads)` heads.
+    """The paper's head map: guide `fraction * num_heads` heads, rounded
+    half up (Python's `round` took 5 heads to 2 and 7 to 4).
 
     Heads `0, 1, ..., g - 1` are guided (contiguous, like the reference
     code): head 0 `"next"`, head 1 `"prev"`, the others `"first"`.
@@ -46,7 +48,7 @@ def default_head_patterns(num_heads, fraction=0.5):
             "`fraction` must be a float in (0, 1]. "
             f"Received: fraction={fraction!r}"
         )
-    guided = max(1, int(round(fraction * num_heads)))
+    guided = max(1, math.floor(fraction * num_heads + 0.5))
     names = ["next", "prev"] + ["first"] * max(0, guided - 2)
     return {head: names[head] for head in range(guided)}
 
@@ -158,10 +160,11 @@ class AttentionGuidanceRegularizer(AttentionLoss):
     the terms add up to the paper's sum over layers. `reduction="mean"` is
     the reference code's MSE: for each pattern, the mean of the squared
     differences over its heads and the valid `(b, p, q)` entries, summed
-    over patterns. For `k` heads on a pattern and unpadded length `n`,
-    `mean = sum / (k * n^2)`: `alpha_sum = alpha_mean / (k * n^2)` gives the
-    same gradient (e.g. the reference's `alpha = 100` with 6 heads per
-    pattern at n = 128 is `alpha_sum ~ 1e-3`).
+    over patterns. With `k` heads on every guided pattern and unpadded
+    length `n`, `mean = sum / (k * n^2)`: `alpha_sum = alpha_mean /
+    (k * n^2)` gives the same gradient (e.g. `alpha = 100` with 6 heads per
+    pattern at n = 128 is `alpha_sum ~ 1e-3`); with different head counts
+    per pattern, no single `alpha_sum` does.
 
     `alpha_t` schedule: constant `alpha` for `warm_steps` steps (the
     reference code uses 20,000), then linear to 0 over `decay_steps` steps

@@ -6,6 +6,16 @@ Written directly from the papers (probabilities, not log space), in float64.
 import numpy as np
 
 
+def _exp_shifted(s, mask, axis):
+    """`exp(s)` on valid entries, 0 elsewhere, each slice along `axis`
+    shifted by its own valid maximum (the normalization over that axis
+    removes the shift). One global shift underflowed whole columns whose
+    logits sat ~1000 below the rest."""
+    top = np.where(mask, s, -np.inf).max(axis, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    return np.where(mask, np.exp(np.where(mask, s - top, 0.0)), 0.0)
+
+
 def softmax_attention(scores, mask=None):
     """Masked softmax over keys; rows with no valid key are zero."""
     s = np.asarray(scores, np.float64)
@@ -14,7 +24,7 @@ def softmax_attention(scores, mask=None):
         if mask is None
         else np.broadcast_to(mask, s.shape)
     )
-    z = np.where(mask, np.exp(s - s.max()), 0.0)
+    z = _exp_shifted(s, mask, -1)
     row = z.sum(-1, keepdims=True)
     return np.where(row > 0, z / np.where(row > 0, row, 1), 0.0)
 
@@ -27,7 +37,8 @@ def doubly_normalized_attention(scores, mask=None, iterations=1):
         if mask is None
         else np.broadcast_to(mask, s.shape)
     )
-    pi = np.where(mask, np.exp(s - s.max()), 0.0)
+    # The first normalization is over queries: shift each key's column.
+    pi = _exp_shifted(s, mask, -2)
     for _ in range(iterations):
         col = pi.sum(-2, keepdims=True)
         xi = np.where(col > 0, pi / np.where(col > 0, col, 1), 0.0)

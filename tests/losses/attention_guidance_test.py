@@ -348,6 +348,11 @@ class AttentionGuidanceRegularizerTest(TestCase):
             5: "first",
         })  # fmt: skip
         self.assertEqual(default_head_patterns(2), {0: "next"})
+        # Half up for odd counts (Python's round gave 2 for 5 heads, 4
+        # for 7).
+        self.assertEqual(len(default_head_patterns(5)), 3)
+        self.assertEqual(len(default_head_patterns(7)), 4)
+        self.assertEqual(len(default_head_patterns(1)), 1)
         self.assertEqual(
             default_head_patterns(3, fraction=1.0),
             {0: "next", 1: "prev", 2: "first"},

@@ -31,6 +31,25 @@ class NormalizationTest(TestCase):
         want = ref.doubly_normalized_attention(scores, mask, iterations)
         self.assertAllClose(got, want, atol=1e-5)
 
+    def test_keys_far_below_the_rest_match_the_reference(self):
+        # Key 2's logits sit ~1000 below the others: DNAS still gives it
+        # its share (Theorem 2), and so must the reference (its one global
+        # shift underflowed the column to 0).
+        rng = np.random.default_rng(3)
+        scores = rng.normal(size=(2, 4, 5)) * 2
+        scores[..., 2] -= 1000.0
+        mask = random_padded_mask(rng, 2, 4, 5)
+        want = ref.doubly_normalized_attention(scores, mask, 2)
+        got = kav_ops.doubly_normalize(scores.astype("float32"), mask, 2)
+        self.assertAllClose(got, want, atol=1e-5)
+        key_valid = mask[..., 2].any(-1)
+        self.assertTrue(key_valid.any())
+        self.assertTrue(np.all(want[..., 2].sum(-1)[key_valid] > 0.1))
+        self.assertAllClose(
+            ref.softmax_attention(scores, mask).sum(-1),
+            mask.any(-1).astype(float),
+        )
+
     def test_doubly_normalize_without_mask(self):
         scores = np.random.default_rng(0).normal(size=(2, 5, 7)) * 2
         got = kav_ops.doubly_normalize(scores.astype("float32"))
