@@ -20,6 +20,7 @@ METHODS = ("gan", "ot", "ct", "mmd")
 ADVERSARIAL_METHODS = ("gan", "ct")
 GAN_LOSSES = ("minimax", "non_saturating")
 MATCH_OVER = ("tokens", "heads")
+HEAD_REDUCTIONS = ("mean", "sum")
 
 
 def _same(a, b):
@@ -170,7 +171,13 @@ class KQAlignment(AttentionLoss):
     clouds with uniform weights; a discrepancy `D` between them is
     averaged over examples and heads and multiplied by `weight`:
 
-    `loss = weight * mean_{b, n} D({q_{b,.,n}}, {k_{b,.,n}})` (paper Eq. 1).
+    `loss = weight * mean_{b, n} D({q_{b,.,n}}, {k_{b,.,n}})`.
+
+    The paper (Eq. 1 and Sec. 2.3) sums over the `N` heads:
+    `head_reduction="sum"` gives `weight * mean_b sum_n D`, where `weight`
+    is the paper's `lambda`. The default mean keeps one `weight` meaning
+    the same at any head count (it is the paper's `lambda / N`; the paper
+    found results insensitive over `lambda` in 0.01..1).
 
     Padded tokens (`False` in `query_mask` / `key_mask`) are excluded from
     both clouds; an example with no valid query or key contributes nothing.
@@ -243,6 +250,9 @@ class KQAlignment(AttentionLoss):
             gradient. Defaults to `1.0`.
         gan_loss: `"minimax"` (paper) or `"non_saturating"` (`"gan"`
             only). Defaults to `"minimax"`.
+        head_reduction: `"mean"` over examples and heads, or `"sum"` over
+            heads and mean over examples (paper; not with
+            `match_over="heads"`). Defaults to `"mean"`.
         track_metric: bool. Report the term as a metric (TensorFlow and
             PyTorch backends, see `AttentionLoss`). Defaults to `True`.
         **kwargs: base layer arguments (`name`, `dtype`).
@@ -257,7 +267,8 @@ class KQAlignment(AttentionLoss):
 
     Returns:
         float32 scalar, `weight` times the mean per-example, per-head
-        discrepancy; also added with `add_loss` and tracked as a metric.
+        discrepancy (with `head_reduction="sum"`, the per-example sum over
+        heads); also added with `add_loss` and tracked as a metric.
 
     Example:
 
@@ -293,6 +304,7 @@ class KQAlignment(AttentionLoss):
         match_over="tokens",
         reversal_beta=1.0,
         gan_loss="minimax",
+        head_reduction="mean",
         track_metric=True,
         **kwargs,
     ):
@@ -329,6 +341,18 @@ class KQAlignment(AttentionLoss):
                 "`gan_loss` applies to `method='gan'` only. Received: "
                 f"gan_loss={gan_loss!r} with method={method!r}"
             )
+        if head_reduction not in HEAD_REDUCTIONS:
+            raise ValueError(
+                f"`head_reduction` must be one of {HEAD_REDUCTIONS}. "
+                f"Received: head_reduction={head_reduction!r}"
+            )
+        if head_reduction == "sum" and match_over == "heads":
+            raise ValueError(
+                "`head_reduction='sum'` sums over heads, which "
+                "`match_over='heads'` makes the points of each cloud "
+                "(its groups are token positions); use 'mean'. Received: "
+                "head_reduction='sum' with match_over='heads'"
+            )
         if adversary_per_head and match_over == "heads":
             raise ValueError(
                 "`adversary_per_head=True` needs `match_over='tokens'` (with "
@@ -347,6 +371,7 @@ class KQAlignment(AttentionLoss):
         self.match_over = match_over
         self.reversal_beta = float(reversal_beta)
         self.gan_loss = gan_loss
+        self.head_reduction = head_reduction
 
     def _dense(self, name, units, groups, reverse, shape):
         layer = _AdversaryDense(
@@ -690,7 +715,13 @@ class KQAlignment(AttentionLoss):
             per_group = gaussian_mmd(q, k, q_points, k_points, self.bandwidth)
         groups = ops.cast(groups, "float32")
         total = ops.sum(per_group * groups)
-        return self.weight * total / ops.maximum(ops.sum(groups), 1.0)
+        if self.head_reduction == "sum":
+            # The paper's sum over heads, averaged over the examples that
+            # have a valid query and key.
+            count = ops.sum(ops.max(groups, axis=-1))
+        else:
+            count = ops.sum(groups)
+        return self.weight * total / ops.maximum(count, 1.0)
 
     def get_config(self):
         config = super().get_config()
@@ -707,6 +738,7 @@ class KQAlignment(AttentionLoss):
                 "match_over": self.match_over,
                 "reversal_beta": self.reversal_beta,
                 "gan_loss": self.gan_loss,
+                "head_reduction": self.head_reduction,
             }
         )
         return config

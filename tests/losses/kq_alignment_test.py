@@ -121,8 +121,12 @@ def numpy_kq(term, q, k, q_mask, k_mask):
                     term.rho * (forward * cost).sum(1).mean()
                     + (1.0 - term.rho) * (backward * cost).sum(0).mean()
                 )
-            values.append(value)
-    return term.weight * np.mean(values)
+            values.append((b, value))
+    if term.head_reduction == "sum":
+        # The paper: the sum over heads, per example.
+        examples = {b for b, _ in values}
+        return term.weight * sum(v for _, v in values) / len(examples)
+    return term.weight * np.mean([v for _, v in values])
 
 
 def randomize_weights(term, seed):
@@ -264,6 +268,12 @@ class KQAlignmentTest(TestCase):
         ("ct_per_head", "ct", {"adversary_per_head": True, "rho": 0.3}),
         ("ct_over_heads", "ct", {"match_over": "heads"}),
         ("ct_hidden_dim", "ct", {"hidden_dim": 5}),
+        ("gan_head_sum", "gan", {"head_reduction": "sum"}),
+        (
+            "ct_per_head_sum",
+            "ct",
+            {"head_reduction": "sum", "adversary_per_head": True},
+        ),
     )
     def test_adversarial_methods_match_numpy(self, method, kwargs):
         # The value from the term's own (random) weights, recomputed per
@@ -475,6 +485,29 @@ class KQAlignmentTest(TestCase):
     def test_invalid_arguments(self, kwargs, name):
         with self.assertRaisesRegex(ValueError, name):
             KQAlignment(**kwargs)
+
+    @parameterized.parameters("mmd", "ot", "ct")
+    def test_head_sum_is_the_heads_times_the_mean(self, method):
+        # The paper sums over heads; examples without a valid token stay
+        # out of both averages (the second example is all padding here).
+        q, k, q_mask, k_mask = projected(4, shift=0.5)
+        q_mask[1] = False
+        mean = KQAlignment(method=method, weight=0.5)
+        total = KQAlignment(method=method, weight=0.5, head_reduction="sum")
+        mean(q, k, q_mask, k_mask)
+        total(q, k, q_mask, k_mask)
+        total.set_weights(mean.get_weights())
+        self.assertAllClose(
+            total(q, k, q_mask, k_mask),
+            q.shape[2] * mean(q, k, q_mask, k_mask),
+            rtol=1e-5,
+        )
+
+    def test_head_sum_needs_token_clouds(self):
+        with self.assertRaisesRegex(ValueError, "head_reduction"):
+            KQAlignment(head_reduction="max")
+        with self.assertRaisesRegex(ValueError, "match_over='heads'"):
+            KQAlignment(head_reduction="sum", match_over="heads")
 
     @parameterized.parameters("ct", "gan", "ot")
     def test_attached_term_is_its_own_fit_metric(self, method):
