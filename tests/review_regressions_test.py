@@ -104,3 +104,26 @@ def test_compiled_guidance_step_applies_this_steps_alpha():
     next_alpha = _guided_step(False, 0.75, None)
     assert np.abs(next_alpha - eager).max() > 1e-2  # the check can fail
     np.testing.assert_allclose(compiled, eager, atol=1e-5)
+
+
+def test_shared_term_warns_when_its_layers_are_called_one_by_one():
+    # In a torch.nn.Module (or a JAX stateless_call that drops the losses)
+    # each attention layer starts its own call context, and Keras cleared
+    # the shared term's losses at each: one step kept only the last
+    # layer's loss, silently. Inside one Keras model it does not warn.
+    import warnings
+
+    guidance = kav.AttentionGuidanceRegularizer(
+        [{0: "next"}, {0: "prev"}], alpha=1.0, name="guided"
+    )
+    first = kav.HybridAttention(2, 4, attention_losses=[guidance])
+    second = kav.HybridAttention(2, 4, attention_losses=[guidance])
+    x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
+    with pytest.warns(UserWarning, match="shared with .*keras.Model"):
+        second(first(x, x, training=True), x, training=True)
+    inputs = keras.Input((5, 8))
+    model = keras.Model(inputs, second(first(inputs, inputs), inputs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(x, training=True)
+    assert len(model.losses) == 2

@@ -8,8 +8,10 @@ import weakref
 import keras
 import numpy as np
 from keras import ops
+from keras.src.backend.common import global_state
 from keras.src.backend.common.masking import get_keras_mask
 from keras.src.backend.common.masking import set_keras_mask
+from keras.src.backend.common.stateless_scope import get_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from keras_attnvariants.losses.attention_loss import build_context
@@ -741,6 +743,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         )
 
     def _apply_attention_losses(self, weights, query, key, mask):
+        self._check_shared_terms_in_one_call()
         context = build_context(
             self,
             weights,
@@ -751,6 +754,47 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         )
         for term in self.attention_losses:
             term.from_attention(context)
+
+    def _check_shared_terms_in_one_call(self):
+        """Warns when this layer starts its own call context in training
+        while a term is shared with other attention layers.
+
+        Keras clears a layer's losses, the shared term's included, each
+        time a top-level call starts: attention layers called one by one
+        (in a `torch.nn.Module`, or under JAX's `stateless_call` without
+        `return_losses=True`) kept only the last layer's term loss, and a
+        guidance term counted every such call as a new step and gave each
+        layer the map of layer 0. The JAX trainer's scope, which collects
+        the losses, is fine. A warning, not an error: separate top-level
+        calls that are separate steps are right.
+        """
+        if in_symbolic_scope():
+            return
+        context = global_state.get_global_attribute("current_call_ctx")
+        if context is None or context.entry_layer is not self:
+            return
+        scope = get_stateless_scope()
+        if scope is not None and scope.collect_losses:
+            return
+        for term in self.attention_losses:
+            others = [
+                layer for layer in _ATTACHED.get(term, ()) if layer is not self
+            ]
+            if others:
+                warnings.warn(
+                    f"`{self.name}` was called at the top level (not inside "
+                    f"a Keras model or layer) in training, and its term "
+                    f"`{term.name}` is shared with "
+                    f"{[layer.name for layer in others]}: Keras clears a "
+                    "shared term's losses at every top-level call, so if "
+                    "these calls make one training step, only the last "
+                    "layer's loss counts (and guidance advances its step "
+                    "once per call). Call the attention layers inside one "
+                    "`keras.Model` or `keras.layers.Layer` (under JAX's "
+                    "`stateless_call`, pass `return_losses=True`).",
+                    stacklevel=2,
+                )
+                return
 
     def _attend(self, weights, value, training):
         """Output `(B, T, N, H)` and the weights in the compute dtype."""
