@@ -127,3 +127,52 @@ def test_shared_term_warns_when_its_layers_are_called_one_by_one():
         warnings.simplefilter("error")
         model(x, training=True)
     assert len(model.losses) == 2
+
+
+def _float64_available():
+    if keras.backend.backend() != "jax":
+        return True
+    import jax
+
+    return bool(jax.config.jax_enable_x64)
+
+
+@pytest.mark.skipif(not _float64_available(), reason="JAX without x64")
+@pytest.mark.parametrize("straight_through", [False, True])
+@pytest.mark.parametrize("return_scores", [False, True])
+def test_float64_gumbel_layer_has_float64_gradients(
+    straight_through, return_scores
+):
+    # The folded backward mixed the float32 Gumbel logits with float64
+    # values (TF: float/double Mul; JAX: lax.div dtypes) unless the
+    # weights were returned.
+    from keras_attnvariants.testing.gradients import gradients
+
+    layer = kav.GumbelDiscreteAttention(
+        2, 3, seed=1, straight_through=straight_through, dtype="float64"
+    )
+    x = np.random.default_rng(0).normal(size=(2, 5, 4))
+
+    def forward(q):
+        out = layer(q, q, training=True, return_attention_scores=return_scores)
+        return out[0] if return_scores else out
+
+    (grad,) = gradients(forward, np.ones((2, 5, 4)), x)
+    assert grad.dtype == np.float64
+    assert np.all(np.isfinite(grad)) and np.abs(grad).max() > 0
+
+
+@pytest.mark.skipif(not _float64_available(), reason="JAX without x64")
+def test_ot_term_under_float64_floatx():
+    # Python floats in the Sinkhorn mass floor followed floatx and failed
+    # to mix with the float32 masses (TF, PyTorch).
+    q = np.random.default_rng(0).normal(size=(2, 5, 2, 3)).astype("float32")
+    k = q + 1.0
+    expected = float(kav.KQAlignment("ot", 1.0)(q, k))
+    previous = keras.config.floatx()
+    keras.config.set_floatx("float64")
+    try:
+        got = float(kav.KQAlignment("ot", 1.0)(q, k))
+    finally:
+        keras.config.set_floatx(previous)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)

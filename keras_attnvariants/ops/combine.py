@@ -42,7 +42,6 @@ from keras_attnvariants.ops.normalization import _column_log_normalizer
 from keras_attnvariants.ops.normalization import _prepare
 from keras_attnvariants.ops.normalization import _reduce_to_shape
 from keras_attnvariants.ops.normalization import custom_gradient_of
-from keras_attnvariants.ops.normalization import math_dtype
 from keras_attnvariants.ops.normalization import row_max
 
 COMBINE_EQUATION = "bnts,bsnh->btnh"
@@ -130,26 +129,27 @@ def _column_weighted(t, row):
     return ops.expand_dims(ops.einsum("bnts,bnt->bns", t, row[..., 0]), -2)
 
 
-def _row_dot(d_out, out):
-    """`sum_h dO * O` in float32 (float64 for float64): `sum_j g_ij A_ij`,
+def _row_dot(d_out, out, dtype):
+    """`sum_h dO * O` in the scores' `dtype`: `sum_j g_ij A_ij`,
     `(B, N, T, 1)`."""
-    dtype = math_dtype(out.dtype)
     dot = ops.sum(ops.cast(d_out, dtype) * ops.cast(out, dtype), -1)
     return ops.expand_dims(ops.transpose(dot, (0, 2, 1)), -1)
 
 
-def _column_dot(value, d_value):
-    """`sum_h V * dV` in float32 (float64 for float64): `sum_i g_ij
-    A_ij`, `(B, N, 1, S)`."""
-    dtype = math_dtype(value.dtype)
+def _column_dot(value, d_value, dtype):
+    """`sum_h V * dV` in the scores' `dtype`: `sum_i g_ij A_ij`,
+    `(B, N, 1, S)`."""
     dot = ops.sum(ops.cast(value, dtype) * ops.cast(d_value, dtype), axis=-1)
     return ops.expand_dims(ops.transpose(dot, (0, 2, 1)), -2)
 
 
-def _scores_upstream(d_out, value):
-    """`g = dO V^T` in float32 (float64 for float64), `(B, N, T, S)`."""
+def _scores_upstream(d_out, value, dtype):
+    """`g = dO V^T` in the scores' `dtype` (float32, float64 for float64
+    scores: a float64 Gumbel layer keeps float32 logits beside float64
+    values, and mixing the two failed in its backward pass),
+    `(B, N, T, S)`."""
     g = ops.einsum(SCORES_EQUATION, d_out, value)
-    return ops.cast(g, math_dtype(value.dtype))
+    return ops.cast(g, dtype)
 
 
 def _dropped(g, keep):
@@ -184,11 +184,11 @@ def _row_softmax_attend(scores, value, mask, column_step, keep=None):
         def grad(*args, upstream=None):
             d_out = _upstream(args, upstream)
             d_value = rows.transposed_product(d_out)
-            g = _dropped(_scores_upstream(d_out, value), keep)
-            r = _row_dot(d_out, out)
+            g = _dropped(_scores_upstream(d_out, value, x.dtype), keep)
+            r = _row_dot(d_out, out, x.dtype)
             if not column_step:
                 return e * inv * (g - r), d_value
-            col = _column_dot(value, d_value) - rows.column_sums(r)
+            col = _column_dot(value, d_value, x.dtype) - rows.column_sums(r)
             return e * (inv * (g - r) - ops.exp(top) * col), d_value
 
         return out, grad
@@ -289,10 +289,10 @@ def hybrid_attend(scores, value, mix, mask=None, keep=None):
         def grad(*args, upstream=None):
             d_out = _upstream(args, upstream)
             d_value = ops.einsum(VALUE_GRAD_EQUATION, d_out, weights)
-            g = _dropped(_scores_upstream(d_out, value), keep)
+            g = _dropped(_scores_upstream(d_out, value, x.dtype), keep)
             # Row and column sums of g * W: (B, N, T, 1), (B, N, 1, S).
-            r_w = _row_dot(d_out, out)
-            c_w = _column_dot(value, d_value)
+            r_w = _row_dot(d_out, out, x.dtype)
+            c_w = _column_dot(value, d_value, x.dtype)
             # Per head, the part with the larger share: U (u > 1/2) or D.
             use_u = mix > 0.5
             inv = ops.where(use_u, inv_u, inv_d)
@@ -372,7 +372,7 @@ def straight_through_gumbel_attend(
                 d_out, indices, ops.shape(value), row_valid
             )
             e, inv, _ = _masked_row_exp(y, mask)
-            weighted = _scores_upstream(d_out, value) * e
+            weighted = _scores_upstream(d_out, value, y.dtype) * e
             r = ops.sum(weighted, axis=-1, keepdims=True)
             return inv * (weighted - e * (inv * r)), d_value
 

@@ -223,7 +223,9 @@ def _safe_mass(mass, valid):
     the gradient reaches `mass` only where it is above 1e-30 (JAX's
     derivative of `maximum` at an underflowed mass, times the division's
     `a / 1e-60 = inf`, was NaN)."""
-    floor = ops.where(valid, 1e-30, 1.0)
+    # In `mass`'s dtype: Python floats followed `floatx` (float64), which
+    # float32 masses then failed to mix with on TF and PyTorch.
+    floor = ops.cast(ops.where(valid, 1e-30, 1.0), mass.dtype)
     return ops.where(ops.logical_and(valid, mass > 1e-30), mass, floor)
 
 
