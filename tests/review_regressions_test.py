@@ -176,3 +176,37 @@ def test_ot_term_under_float64_floatx():
     finally:
         keras.config.set_floatx(previous)
     np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+class _ProbeLoss(kav.AttentionLoss):
+    """A user term with a sublayer made in `__init__` and no `build`."""
+
+    needs_attention_weights = False
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.probe = keras.layers.Dense(1)
+
+    def compute_loss_value(self, query):
+        squared = keras.ops.square(self.probe(query))
+        return kav.losses.batch_mean(keras.ops.mean(squared, axis=(1, 2, 3)))
+
+    def from_attention(self, context):
+        return self(context["query"])
+
+
+def test_custom_term_with_a_sublayer_fits():
+    # Marked built when its attention layer built, the term skipped the
+    # symbolic run that builds its sublayer, which JAX's train step then
+    # created inside its stateless scope (ValueError).
+    term = _ProbeLoss()
+    x = keras.Input((5, 8))
+    model = keras.Model(
+        x, kav.DoublyNormalizedAttention(2, 4, attention_losses=[term])(x, x)
+    )
+    model.compile("adam", "mse")
+    data = np.ones((2, 5, 8), "float32")
+    model.fit(data, data, verbose=0)
+    assert term.probe.built
+    trainable = {id(v) for v in model.trainable_weights}
+    assert {id(v) for v in term.probe.weights} <= trainable

@@ -29,6 +29,7 @@ from keras import ops
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.losses.attention_loss import check_attention_loss_terms
+from keras_attnvariants.losses.attention_loss import term_flags
 from keras_attnvariants.losses.attention_loss import token_ids_scope
 from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_seed
@@ -356,15 +357,6 @@ def _live(value):
     return value
 
 
-def _term_flags(attention_losses):
-    """`(layer, trainable)` of every attention loss term and its sublayers."""
-    return [
-        (layer, layer.trainable)
-        for term in attention_losses or []
-        for layer in term._flatten_layers(include_self=True)
-    ]
-
-
 class _LiveAttention:
     """A converted backbone's attention class and kwargs (live objects)."""
 
@@ -425,7 +417,7 @@ class ConvertedBackbone:
         # The terms' flags as saved: the conversion's own `trainable`
         # assignments (each converted layer takes its block's flag) thawed
         # a frozen term on JAX and PyTorch.
-        flags = _term_flags(attention_kwargs.get("attention_losses"))
+        flags = term_flags(attention_kwargs.get("attention_losses"))
         convert_in_place(self, attention_class, attention_kwargs)
         for layer, trainable in flags:
             layer.trainable = trainable
@@ -612,24 +604,32 @@ def copy_weights_by_path(source, target):
 
 
 def _carry_lora(source, target):
-    """LoRA on `target`'s projections where `source` has it.
+    """LoRA on every layer of `target` whose `source` layer of the same
+    path has it (the attention projections, and any other layer keras-hub's
+    `enable_lora(target_layer_names=...)` reached).
 
-    keras-hub's `enable_lora` adds `lora_kernel_a` / `_b` to the attention
-    projections; MHA's config does not hold them, so the rebuilt layers
+    MHA's config does not hold its projections' LoRA, so the rebuilt layers
     had none and the copy by path raised. Enabled here with the same rank
     and alpha (the adapters are then copied by path, and the flags of
     `copy_trainable_by_path` keep the base kernels frozen), and the
     backbone's LoRA bookkeeping is redone for `save_lora_weights`.
     """
-    pairs = zip(self_attention_layers(source), self_attention_layers(target))
-    for old, new in pairs:
-        for name in _PROJECTIONS:
-            old_sub, new_sub = getattr(old, name, None), getattr(new, name)
-            if getattr(old_sub, "lora_enabled", False):
-                with _path_scope(new.path):
-                    new_sub.enable_lora(
-                        old_sub.lora_rank, lora_alpha=old_sub.lora_alpha
-                    )
+    targets = {
+        layer.path: layer
+        for layer in target._flatten_layers(include_self=False)
+    }
+    for old in source._flatten_layers(include_self=False):
+        new = targets.get(old.path)
+        if (
+            not getattr(old, "lora_enabled", False)
+            or new is None
+            or getattr(new, "lora_enabled", False)
+        ):
+            continue
+        parent = old.path.rpartition("/")[0]
+        scope = _path_scope(parent) if parent else contextlib.nullcontext()
+        with scope:
+            new.enable_lora(old.lora_rank, lora_alpha=old.lora_alpha)
     if getattr(source, "_lora_enabled_layers", None):
         weighted = [
             layer
@@ -797,7 +797,7 @@ def convert_backbone(
     # before the rebuild: on JAX the rebuild's own `trainable` assignments
     # (each converted layer takes its block's flag) had already unfrozen a
     # term the caller froze.
-    term_flags = _term_flags(attention_losses)
+    saved_flags = term_flags(attention_losses)
     result = base.from_config.__func__(converted, config)
     _carry_lora(backbone, result)
     copy_weights_by_path(backbone, result)
@@ -821,6 +821,6 @@ def convert_backbone(
         # does when the converted backbone is rebuilt from its config.
         for layer in self_attention_layers(result):
             layer.trainable = attention_kwargs["trainable"]
-    for layer, trainable in term_flags:
+    for layer, trainable in saved_flags:
         layer.trainable = trainable
     return result

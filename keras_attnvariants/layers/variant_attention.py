@@ -16,6 +16,7 @@ from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from keras_attnvariants.losses.attention_loss import build_context
 from keras_attnvariants.losses.attention_loss import check_attention_loss_terms
+from keras_attnvariants.losses.attention_loss import term_flags
 from keras_attnvariants.ops.masking import merge_masks
 from keras_attnvariants.ops.masking import self_attention_padding_mask
 from keras_attnvariants.ops.noise import dropout_multipliers
@@ -140,6 +141,8 @@ def _runtime_shape_checked(query, value, key):
                 message="`key` and `value` must have the same length",
             )
         )
+    if not checks:
+        return unchanged
     outputs = {}
 
     def checked(tensor):
@@ -408,6 +411,9 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             # Keras set only the flag, the projections built here started
             # trainable, and `fit` trained them.
             VariantAttention.trainable.fset(self, False)
+        for layer, trainable in getattr(self, "_saved_term_flags", ()):
+            layer.trainable = trainable
+        self._saved_term_flags = ()
 
     def __call__(self, *args, **kwargs):
         # NumPy booleans as Python ones, for the flags' checks (and MHA).
@@ -791,7 +797,9 @@ class VariantAttention(keras.layers.MultiHeadAttention):
                     "layer's loss counts (and guidance advances its step "
                     "once per call). Call the attention layers inside one "
                     "`keras.Model` or `keras.layers.Layer` (under JAX's "
-                    "`stateless_call`, pass `return_losses=True`).",
+                    "`stateless_call`, pass `return_losses=True`). A layer "
+                    "dropped but not yet garbage-collected counts as "
+                    "sharing it until `gc.collect()`.",
                     stacklevel=2,
                 )
                 return
@@ -887,4 +895,10 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             keras.saving.deserialize_keras_object(term)
             for term in config.get("attention_losses") or []
         ]
-        return super().from_config(config)
+        layer = super().from_config(config)
+        # The terms' flags as saved: a frozen layer's `build` freezes a
+        # term attached only to it, and a term the user kept trainable
+        # (`term.trainable = True` after freezing the layer) came back
+        # frozen.
+        layer._saved_term_flags = term_flags(config["attention_losses"])
+        return layer

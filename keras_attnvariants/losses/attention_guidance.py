@@ -21,7 +21,8 @@ REDUCTIONS = ("sum", "mean")
 
 def default_head_patterns(num_heads, fraction=0.5):
     """The paper's head map: guide `fraction * num_heads` heads, rounded
-    half up (Python's `round` took 5 heads to 2 and 7 to 4).
+    half up (Python's `round` rounded half to even: 5 heads gave 2, 9
+    gave 4).
 
     Heads `0, 1, ..., g - 1` are guided (contiguous, like the reference
     code): head 0 `"next"`, head 1 `"prev"`, the others `"first"`.
@@ -355,9 +356,11 @@ class AttentionGuidanceRegularizer(AttentionLoss):
     needs_self_attention = True
 
     def build_for_attention(self, num_heads, key_dim):
-        # Checked when the model is built (it failed only in `fit`).
-        guided = max((max(m) for m in self.head_maps if m), default=-1)
-        if guided >= num_heads:
+        # Checked when the model is built (it failed only in `fit`); a
+        # per-layer map is checked when called, where its layer is known
+        # (layers may differ in heads).
+        guided = max(self.head_maps[0], default=-1)
+        if not self.per_layer and guided >= num_heads:
             raise ValueError(
                 f"`head_patterns` guides head {guided}, but the attention "
                 f"layer it is attached to has {num_heads} heads. Received: "

@@ -259,7 +259,12 @@ class AttentionLoss(KeepsStepLosses, keras.layers.Layer):
         unbuilt one made `model.quantize()` raise until the model had
         trained). Terms with weights build them here.
         """
-        if type(self).build is keras.layers.Layer.build:
+        if type(self).build is keras.layers.Layer.build and all(
+            # A sublayer of its own is built by the term's first (symbolic)
+            # run, which a term marked built here would skip.
+            layer.built
+            for layer in self._flatten_layers(include_self=False)
+        ):
             self.built = True
 
     def from_attention(self, context):
@@ -291,6 +296,16 @@ class AttentionLoss(KeepsStepLosses, keras.layers.Layer):
         config = super().get_config()
         config["track_metric"] = self.track_metric
         return config
+
+
+def term_flags(attention_losses):
+    """`(layer, trainable)` of every attention loss term and its sublayers,
+    to be put back after something that sets them wholesale."""
+    return [
+        (layer, layer.trainable)
+        for term in attention_losses or []
+        for layer in term._flatten_layers(include_self=True)
+    ]
 
 
 def check_attention_loss_terms(attention_losses):

@@ -225,7 +225,7 @@ def _safe_mass(mass, valid):
     `a / 1e-60 = inf`, was NaN)."""
     # In `mass`'s dtype: Python floats followed `floatx` (float64), which
     # float32 masses then failed to mix with on TF and PyTorch.
-    floor = ops.cast(ops.where(valid, 1e-30, 1.0), mass.dtype)
+    floor = ops.where(valid, ops.full_like(mass, 1e-30), ops.ones_like(mass))
     return ops.where(ops.logical_and(valid, mass > 1e-30), mass, floor)
 
 

@@ -92,6 +92,28 @@ def test_lora_carries_over_through_conversion(tmp_path):
     )
 
 
+def test_lora_on_feedforward_layers_carries_over():
+    # keras-hub's `enable_lora(target_layer_names=...)` reaches any layer;
+    # only the attention projections were carried.
+    original = _bert()
+    original.enable_lora(
+        rank=2, target_layer_names=["query", "feedforward_intermediate_dense"]
+    )
+    converted = convert_backbone(original, kav.HybridAttention, hybrid_init=0)
+    lora = sorted(
+        layer.path
+        for layer in converted._flatten_layers(include_self=False)
+        if getattr(layer, "lora_enabled", False)
+    )
+    assert lora == sorted(
+        layer.path
+        for layer in original._flatten_layers(include_self=False)
+        if getattr(layer, "lora_enabled", False)
+    )
+    assert any("feedforward" in path for path in lora)
+    assert _trainable(converted) == _trainable(original)
+
+
 def test_lora_after_conversion_trains_only_the_adapters():
     term = kav.KQAlignment("gan", 0.1)
     converted = convert_backbone(

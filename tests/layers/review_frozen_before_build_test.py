@@ -123,3 +123,21 @@ def test_term_shared_with_a_trainable_layer_keeps_training():
     trainable = {id(v) for v in model.trainable_weights}
     assert {id(v) for v in term.trainable_weights} <= trainable
     assert not {id(v) for v in frozen._query_dense.weights} & trainable
+
+
+def test_reload_keeps_a_term_thawed_on_a_frozen_layer(tmp_path):
+    # The README's per-term control: freeze the layer, keep its adversary
+    # training. The reload's build froze the term attached only to it.
+    term = kav.KQAlignment("gan", 0.5)
+    layer = kav.DoublyNormalizedAttention(2, 4, attention_losses=[term])
+    model = _attention_model(layer)
+    layer.trainable = False
+    term.trainable = True
+    path = os.path.join(tmp_path, "thawed.keras")
+    model.save(path)
+    reloaded = keras.saving.load_model(path)
+    loaded = reloaded.layers[1]
+    trainable = {id(v) for v in reloaded.trainable_weights}
+    assert not loaded.trainable and loaded.attention_losses[0].trainable
+    assert {id(v) for v in loaded.attention_losses[0].weights} <= trainable
+    assert not {id(v) for v in loaded._query_dense.weights} & trainable

@@ -93,3 +93,21 @@ def test_guidance_of_a_missing_head_raises_when_the_model_is_built():
     x = keras.Input((5, 8))
     with pytest.raises(ValueError, match="guides head 3.*2 heads"):
         kav.DoublyNormalizedAttention(2, 4, attention_losses=[term])(x, x)
+
+
+def test_per_layer_guidance_maps_fit_layers_of_different_heads():
+    # Each map guides a head of its own layer: the build-time check
+    # compared every map with every layer (head 3 against 2 heads).
+    import keras_attnvariants as kav
+
+    term = kav.AttentionGuidanceRegularizer(
+        [{3: "next"}, {1: "prev"}], alpha=1.0
+    )
+    x = keras.Input((5, 8))
+    h = kav.HybridAttention(4, 2, attention_losses=[term])(x, x)
+    h = kav.HybridAttention(2, 4, attention_losses=[term])(h, h)
+    model = keras.Model(x, h)
+    model.compile("sgd", "mse")
+    data = np.random.default_rng(0).random((2, 5, 8)).astype("float32")
+    model.fit(data, data, epochs=1, verbose=0)
+    assert float(keras.ops.convert_to_numpy(term.step)) == 1.0
