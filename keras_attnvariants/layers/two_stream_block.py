@@ -438,20 +438,19 @@ class TwoStreamBlock(keras.layers.Layer):
         self._check_call_arguments(
             inputs, padding_mask, view, kwargs.get("use_causal_mask", False)
         )
-        g = inputs[0] if self.mode == "two_stream" else inputs
-        batch, length = g.shape[0], g.shape[1]
-        z = keras.KerasTensor(
-            (batch, self.num_heads, length, length), "float32"
+        two = self.mode == "two_stream"
+        shapes = self.compute_output_shape(
+            tuple(t.shape for t in inputs) if two else inputs.shape
         )
-
+        streams, z = shapes
         # One KerasTensor per output: a shared one would make a functional
         # model return the model stream as `g` too.
-        def stream():
-            return keras.KerasTensor(g.shape, self.compute_dtype)
-
-        if self.mode == "two_stream":
-            return (stream(), stream()), z
-        return stream(), z
+        streams = [
+            keras.KerasTensor(shape, self.compute_dtype)
+            for shape in (streams if two else [streams])
+        ]
+        z = keras.KerasTensor(z, "float32")
+        return (tuple(streams), z) if two else (streams[0], z)
 
     def compute_output_shape(self, input_shape):
         """`((g, h), z)` shapes in two-stream mode, `(h, z)` in

@@ -354,17 +354,15 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         # A functional model with a bad `view` was built, and failed only
         # when it ran.
         check_int("view", view, low=0, high=self.num_views - 1)
-        self._check_shape(tuple(token_ids.shape))
-        batch, length = token_ids.shape
-        h = keras.KerasTensor((batch, length, self.d_model), self.compute_dtype)
+        shapes = self.compute_output_shape(
+            token_ids.shape, return_attention=return_attention
+        )
         if not return_attention:
-            return h
+            return keras.KerasTensor(shapes, self.compute_dtype)
+        h, attention = shapes
         # One KerasTensor per layer (a shared one would alias them all).
-        return h, [
-            keras.KerasTensor(
-                (batch, self.num_heads, length, length), "float32"
-            )
-            for _ in range(self.num_layers)
+        return keras.KerasTensor(h, self.compute_dtype), [
+            keras.KerasTensor(shape, "float32") for shape in attention
         ]
 
     def compute_output_shape(self, input_shape, return_attention=False):
