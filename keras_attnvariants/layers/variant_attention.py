@@ -90,6 +90,15 @@ def check_attention_inputs(query, value, key=None):
             )
 
 
+class _SavedTermFlags:
+    """The attached terms' flags as a config saved them, in a plain object:
+    a list attribute would be tracked by Keras, which then listed the terms'
+    sublayers as the attention layer's own."""
+
+    def __init__(self, flags):
+        self.flags = flags
+
+
 def _runtime_shape_checked(query, value, key):
     """`query`, `value` and `key`, on TensorFlow behind an assertion that
     the batch sizes agree and `key` is as long as `value` where a size is
@@ -411,9 +420,11 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             # Keras set only the flag, the projections built here started
             # trainable, and `fit` trained them.
             VariantAttention.trainable.fset(self, False)
-        for layer, trainable in getattr(self, "_saved_term_flags", ()):
-            layer.trainable = trainable
-        self._saved_term_flags = ()
+        saved = getattr(self, "_saved_term_flags", None)
+        if saved is not None:
+            for layer, trainable in saved.flags:
+                layer.trainable = trainable
+            saved.flags = []
 
     def __call__(self, *args, **kwargs):
         # NumPy booleans as Python ones, for the flags' checks (and MHA).
@@ -900,5 +911,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         # term attached only to it, and a term the user kept trainable
         # (`term.trainable = True` after freezing the layer) came back
         # frozen.
-        layer._saved_term_flags = term_flags(config["attention_losses"])
+        layer._saved_term_flags = _SavedTermFlags(
+            term_flags(config["attention_losses"])
+        )
         return layer

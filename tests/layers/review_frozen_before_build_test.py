@@ -141,3 +141,13 @@ def test_reload_keeps_a_term_thawed_on_a_frozen_layer(tmp_path):
     assert not loaded.trainable and loaded.attention_losses[0].trainable
     assert {id(v) for v in loaded.attention_losses[0].weights} <= trainable
     assert not {id(v) for v in loaded._query_dense.weights} & trainable
+    # The saved flags are held untracked: a tracked list made the term's
+    # sublayers the attention layer's own.
+    assert len(loaded._layers) == len(layer._layers)
+    again = os.path.join(tmp_path, "again.keras")
+    reloaded.save(again)
+    twice = keras.saving.load_model(again)
+    for a, b in zip(twice.weights, model.weights):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b)
+        )
