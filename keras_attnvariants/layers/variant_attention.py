@@ -396,6 +396,9 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             _ATTACHED.setdefault(term, weakref.WeakSet()).add(self)
         self.self_attention_padding = self_attention_padding
         self.attention_path = attention_path
+        # The terms' flags of a saved config (`from_config`), put back by
+        # `build`.
+        self._saved_term_flags = _SavedTermFlags([])
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
@@ -420,11 +423,9 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             # Keras set only the flag, the projections built here started
             # trainable, and `fit` trained them.
             VariantAttention.trainable.fset(self, False)
-        saved = getattr(self, "_saved_term_flags", None)
-        if saved is not None:
-            for layer, trainable in saved.flags:
-                layer.trainable = trainable
-            saved.flags = []
+        for layer, trainable in self._saved_term_flags.flags:
+            layer.trainable = trainable
+        self._saved_term_flags.flags = []
 
     def __call__(self, *args, **kwargs):
         # NumPy booleans as Python ones, for the flags' checks (and MHA).
@@ -911,7 +912,5 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         # term attached only to it, and a term the user kept trainable
         # (`term.trainable = True` after freezing the layer) came back
         # frozen.
-        layer._saved_term_flags = _SavedTermFlags(
-            term_flags(config["attention_losses"])
-        )
+        layer._saved_term_flags.flags = term_flags(config["attention_losses"])
         return layer
