@@ -19,6 +19,17 @@ from keras_attnvariants.validation import is_python_value
 REDUCTIONS = ("sum", "mean")
 
 
+def _check_guided_heads(head_map, num_heads, received):
+    """`ValueError` when `head_map` guides a head the attention lacks;
+    `received` names the argument that sets `num_heads`."""
+    guided = max(head_map, default=-1)
+    if guided >= num_heads:
+        raise ValueError(
+            f"`head_patterns` guides head {guided}, but the attention has "
+            f"{num_heads} heads. Received: {received}"
+        )
+
+
 def default_head_patterns(num_heads, fraction=0.5):
     """The paper's head map: guide `fraction * num_heads` heads, rounded
     half up (Python's `round` rounded half to even: 5 heads gave 2, 9
@@ -359,12 +370,11 @@ class AttentionGuidanceRegularizer(AttentionLoss):
         # Checked when the model is built (it failed only in `fit`); a
         # per-layer map is checked when called, where its layer is known
         # (layers may differ in heads).
-        guided = max(self.head_maps[0], default=-1)
-        if not self.per_layer and guided >= num_heads:
-            raise ValueError(
-                f"`head_patterns` guides head {guided}, but the attention "
-                f"layer it is attached to has {num_heads} heads. Received: "
-                f"head_patterns={self.head_patterns!r}"
+        if not self.per_layer:
+            _check_guided_heads(
+                self.head_maps[0],
+                num_heads,
+                f"head_patterns={self.head_patterns!r}",
             )
         # Attention layers build inside the model's strategy scope.
         self.step  # noqa: B018 (creates the counter)
@@ -470,11 +480,9 @@ class AttentionGuidanceRegularizer(AttentionLoss):
                 "(batch, num_heads, length, length). Received: "
                 f"attention_weights with shape {shape}"
             )
-        if head_map and shape[1] is not None and max(head_map) >= shape[1]:
-            raise ValueError(
-                f"`head_patterns` guides head {max(head_map)}, but the "
-                f"attention has {shape[1]} heads. Received: "
-                f"attention_weights with shape {shape}"
+        if shape[1] is not None:
+            _check_guided_heads(
+                head_map, shape[1], f"attention_weights with shape {shape}"
             )
         for arg, tensor in (
             ("padding_mask", padding_mask),
@@ -601,11 +609,7 @@ def guidance_attention_bias(
         # Numbers are checked; a tensor or `keras.Variable` (an annealed or
         # learned strength) passes.
         strength = check_float("strength", strength, low=None)
-    if max(head_map) >= num_heads:
-        raise ValueError(
-            f"`head_patterns` guides head {max(head_map)} but "
-            f"`num_heads` is {num_heads}. Received: num_heads={num_heads}"
-        )
+    _check_guided_heads(head_map, num_heads, f"num_heads={num_heads}")
     token_id = {"delimiter": delimiter_ids, "period": period_id}
     zeros = None
     heads = []
