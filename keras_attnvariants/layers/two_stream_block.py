@@ -10,6 +10,7 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (
 from keras_attnvariants.layers.gumbel_discrete_attention import (
     gumbel_training_weights,
 )
+from keras_attnvariants.layers.variant_attention import apply_frozen_flag
 from keras_attnvariants.layers.variant_attention import keras_masks_restored
 from keras_attnvariants.ops.gumbel import argmax_indices
 from keras_attnvariants.ops.gumbel import gather_values
@@ -249,10 +250,7 @@ class TwoStreamBlock(keras.layers.Layer):
             self.model_value.build(shape)
             self.model_output.build(heads)
             self._build_ffn(self.model_ffn, shape)
-        if not self.trainable:
-            # Frozen before it was built: Keras set only the flag, and the
-            # sublayers (made in `__init__`) started trainable.
-            keras.layers.Layer.trainable.fset(self, False)
+        apply_frozen_flag(self)
 
     def _check_input_shape(self, input_shape):
         """Raises `ValueError` unless the streams are `(B, T, d_model)`."""

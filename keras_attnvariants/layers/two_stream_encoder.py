@@ -9,6 +9,7 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (
 from keras_attnvariants.layers.two_stream_block import MODEL_ATTENTIONS
 from keras_attnvariants.layers.two_stream_block import MODES
 from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
+from keras_attnvariants.layers.variant_attention import apply_frozen_flag
 from keras_attnvariants.losses.attention_loss import KeepsStepLosses
 from keras_attnvariants.losses.attention_loss import batch_mean
 from keras_attnvariants.ops.receptive_field import receptive_field_mean_size
@@ -275,10 +276,7 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
             block.build(
                 (stream, stream) if self.mode == "two_stream" else stream
             )
-        if not self.trainable:
-            # Frozen before it was built: Keras set only the flag, and the
-            # sublayers (made in `__init__`) started trainable.
-            keras.layers.Layer.trainable.fset(self, False)
+        apply_frozen_flag(self)
 
     def _embed(self, token_ids, layers):
         tokens, positions = layers

@@ -90,6 +90,16 @@ def check_attention_inputs(query, value, key=None):
             )
 
 
+def apply_frozen_flag(layer):
+    """Freezes what `layer.build` made if the layer was frozen before it
+    was built (`trainable=False` in the constructor, the setter, or a
+    `.keras` reload): Keras set only the flag, the sublayers and variables
+    made later started trainable, and `fit` trained them. Uses the layer's
+    own setter (`VariantAttention`'s keeps shared terms)."""
+    if not layer.trainable:
+        type(layer).trainable.fset(layer, False)
+
+
 class _SavedTermFlags:
     """The attached terms' flags as a config saved them, in a plain object:
     a list attribute would be tracked by Keras, which then listed the terms'
@@ -418,11 +428,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
                     f"{key_length}"
                 )
             term.build_for_attention(self._num_heads, self._key_dim)
-        if not self.trainable:
-            # Frozen before it was built (`trainable=False` or the setter):
-            # Keras set only the flag, the projections built here started
-            # trainable, and `fit` trained them.
-            VariantAttention.trainable.fset(self, False)
+        apply_frozen_flag(self)
         for layer, trainable in self._saved_term_flags.flags:
             layer.trainable = trainable
         self._saved_term_flags.flags = []
