@@ -64,7 +64,7 @@ FIT_MODELS = (
     "hnas_with_kq_gan_per_head",
     "two_stream_encoder",
 )
-WORKER_TIMEOUT = 240
+WORKER_TIMEOUT = 480
 # Prints the time of each section of cases (stderr) when set.
 PROFILE = bool(os.environ.get("REVIEW_CROSS_BACKEND_PROFILE"))
 

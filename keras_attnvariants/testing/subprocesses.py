@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 
-def run_script(script, timeout=120, **env):
+def run_script(script, timeout=300, **env):
     """Runs `python -c script` and returns its `KEY value` lines as a dict.
 
     A fresh process is what a test needs when the script configures
@@ -16,7 +16,9 @@ def run_script(script, timeout=120, **env):
 
     Args:
         script: Python source.
-        timeout: seconds before `subprocess.TimeoutExpired`.
+        timeout: seconds before `subprocess.TimeoutExpired`: a guard
+            against a hang, generous because the suite runs two tests at
+            a time (`pytest -n 2`) on a 2-core machine.
         **env: environment variables added to this process's.
 
     Returns:
@@ -29,7 +31,7 @@ def run_script(script, timeout=120, **env):
     )
 
 
-def run_json_script(script, timeout=120, **env):
+def run_json_script(script, timeout=300, **env):
     """Runs `python -c script` and returns its last stdout line, as JSON.
 
     Like `run_script`, for scripts that print their results with
