@@ -6,8 +6,10 @@ get zero mass, so padding never moves a result. Everything runs in float32;
 outputs are float32.
 """
 
+import keras
 from keras import ops
 
+from keras_attnvariants.ops import fused_sinkhorn
 from keras_attnvariants.ops.masking import MASK_FILL
 from keras_attnvariants.ops.normalization import statically_empty
 from keras_attnvariants.validation import check_bool
@@ -171,6 +173,20 @@ def sinkhorn_plan(
     >>> round(float(ops.sum(plan)), 4)
     1.0
     """
+    return _plan(cost, epsilon, iterations, row_mask, col_mask, normalize_cost)
+
+
+def _plan(
+    cost,
+    epsilon,
+    iterations,
+    row_mask,
+    col_mask,
+    normalize_cost,
+    fused=False,
+):
+    """`sinkhorn_plan`; `fused=True` (a gradient-free `cost` only) lets a
+    GPU program run the iterations in one kernel (`_fused_potentials`)."""
     # NumPy scalars accepted; nan and inf rejected (they gave a nan or a
     # uniform plan without a word).
     epsilon = check_float("epsilon", epsilon)
@@ -190,15 +206,25 @@ def sinkhorn_plan(
         cost = cost / ops.stop_gradient(ops.maximum(scale, 1e-12))
     # log_kernel: (..., n, m); masked pairs at MASK_FILL.
     log_kernel = ops.where(valid, -cost / epsilon, MASK_FILL)
-    log_a = ops.where(rows, ops.log(uniform_marginal(rows) + 1e-30), MASK_FILL)
-    log_b = ops.where(cols, ops.log(uniform_marginal(cols) + 1e-30), MASK_FILL)
+    if fused:
+        u, v = _fused_potentials(log_kernel, rows, cols, iterations)
+    else:
+        u, v = _potentials(log_kernel, rows, cols, iterations)
+    plan = ops.exp(log_kernel + u[..., :, None] + v[..., None, :])
+    return ops.where(valid, plan, 0.0)
 
-    # One exact log-domain iteration from u = v = 0, then the remaining
-    # ones in blocks with the potentials absorbed into the kernel.
-    u = log_a - ops.logsumexp(log_kernel, axis=-1)
-    v = log_b - ops.logsumexp(log_kernel + u[..., :, None], axis=-2)
+
+def _potentials(log_kernel, rows, cols, iterations):
+    """The Sinkhorn potentials `(u, v)`, `(..., n)` and `(..., m)`.
+
+    One exact log-domain iteration from `u = v = 0`, then the remaining
+    ones in blocks with the potentials absorbed into the kernel."""
     a = uniform_marginal(rows)
     b = uniform_marginal(cols)
+    log_a = ops.where(rows, ops.log(a + 1e-30), MASK_FILL)
+    log_b = ops.where(cols, ops.log(b + 1e-30), MASK_FILL)
+    u = log_a - ops.logsumexp(log_kernel, axis=-1)
+    v = log_b - ops.logsumexp(log_kernel + u[..., :, None], axis=-2)
     full_blocks, last_block = divmod(iterations - 1, _ABSORB_EVERY)
 
     def block(_, state):
@@ -210,8 +236,35 @@ def sinkhorn_plan(
         u, v = _absorbed_iterations(
             log_kernel, (u, v), a, b, rows, cols, last_block
         )
-    plan = ops.exp(log_kernel + u[..., :, None] + v[..., None, :])
-    return ops.where(valid, plan, 0.0)
+    return u, v
+
+
+def _fused_potentials(log_kernel, rows, cols, iterations):
+    """`_potentials` through the fused GPU kernel where it applies: under
+    JAX, for matrices that fit it, in programs lowered for CUDA (the same
+    program lowered for another platform runs `_potentials`). No gradient
+    flows through it: callers pass a gradient-free `log_kernel`."""
+    shape = static_shape(log_kernel)
+    if (
+        keras.config.backend() != "jax"
+        or not fused_sinkhorn.enabled()
+        or shape is None
+        or not fused_sinkhorn.fits(shape[-2], shape[-1])
+    ):
+        return _potentials(log_kernel, rows, cols, iterations)
+    import jax
+
+    def fused(log_kernel, rows, cols):
+        return fused_sinkhorn.potentials(
+            log_kernel, rows, cols, iterations, _ABSORB_EVERY, MASK_FILL
+        )
+
+    def generic(log_kernel, rows, cols):
+        return _potentials(log_kernel, rows, cols, iterations)
+
+    return jax.lax.platform_dependent(
+        log_kernel, rows, cols, cuda=fused, default=generic
+    )
 
 
 # Sinkhorn iterations per absorption (see `_absorbed_iterations`).
@@ -277,17 +330,23 @@ def sinkhorn_cost(
     back-propagating through the iterations. Arguments as in
     `sinkhorn_plan`; an empty batch gives an empty result, a set with no
     point (no rows or no columns) a cost of 0.
+
+    Under JAX, in a program compiled for an NVIDIA GPU, the iterations run
+    in one fused kernel per matrix for matrices of at most 128 x 256
+    (`keras_attnvariants.ops.fused_sinkhorn`; same arithmetic;
+    `KERAS_ATTNVARIANTS_FUSED_SINKHORN=0` turns it off).
     """
     cost = ops.cast(cost, "float32")
     # The plan is solved on a gradient-free copy of the cost, so autodiff
     # keeps no per-iteration intermediates of the loop.
-    plan = sinkhorn_plan(
+    plan = _plan(
         ops.stop_gradient(cost),
         epsilon,
         iterations,
         row_mask,
         col_mask,
         normalize_cost=True,
+        fused=True,
     )
     # Masked pairs hold anything (inf, nan): zeroed, not multiplied by 0.
     _, _, valid = _pair_masks(cost, row_mask, col_mask)
