@@ -559,8 +559,7 @@ class KQAlignment(AttentionLoss):
         """Whether the adversary runs as fused GPU kernels on points of
         size `dim` (`keras_attnvariants/ops/fused_adversary.py`): opted
         in (`KERAS_ATTNVARIANTS_FUSED_ADVERSARY=1`), under JAX on an
-        NVIDIA GPU, for a shared adversary of power-of-two widths from
-        16 to 128."""
+        NVIDIA GPU, for a shared adversary of widths 16, 32 or 64."""
         hidden = self.hidden_dim or dim
         return (
             keras.config.backend() == "jax"

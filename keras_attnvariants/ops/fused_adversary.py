@@ -23,7 +23,7 @@ H200, 2026-11-26, before the `platform_dependent` wrapper below).
 
 `KQAlignment` uses it under the JAX backend when the step is traced with
 an NVIDIA GPU as JAX's default backend, for a shared adversary whose
-point size and hidden width are powers of two from 16 to 128. Inside,
+point size and hidden width are 16, 32 or 64. Inside,
 the kernels run where the program is lowered for CUDA
 (`jax.lax.platform_dependent`) and the same arithmetic as XLA ops
 elsewhere, so a CPU compile of such a step still works. It is OFF by
@@ -35,22 +35,39 @@ tests); turn it on by default once a benchmark shows it faster.
 import functools
 import os
 
+
+def _setting(name, default, allowed):
+    """An integer environment override from `allowed`, else `default` (a
+    malformed value must not break importing the package)."""
+    try:
+        value = int(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if value in allowed else default
+
+
 # Points per program and warps per program: untuned defaults, with
-# environment overrides for tuning runs.
-TILE = int(os.environ.get("KERAS_ATTNVARIANTS_ADVERSARY_TILE", "128"))
-WARPS = int(os.environ.get("KERAS_ATTNVARIANTS_ADVERSARY_WARPS", "8"))
+# environment overrides for tuning runs (read at import).
+TILE = _setting(
+    "KERAS_ATTNVARIANTS_ADVERSARY_TILE", 128, (16, 32, 64, 128, 256)
+)
+WARPS = _setting("KERAS_ATTNVARIANTS_ADVERSARY_WARPS", 8, (1, 2, 4, 8, 16))
 
 # Leaky ReLU slope of `keras.ops.leaky_relu` (its default).
 SLOPE = 0.2
 
-SIZES = (16, 32, 64, 128)
+# Point sizes and hidden widths the kernels take. 128 is left out: its
+# backward kernel would hold six 128 x 128 float32 weights per program and
+# was never compiled.
+SIZES = (16, 32, 64)
 
 # Run the kernels through Pallas' interpreter (tests on a CPU set it).
 INTERPRET = False
 
 
 def enabled():
-    """True when `KERAS_ATTNVARIANTS_FUSED_ADVERSARY` is `1`/`true`/`on`.
+    """True when `KERAS_ATTNVARIANTS_FUSED_ADVERSARY` is `1`/`true`/`on`/
+    `yes`, read when a step is traced (set it before the first step).
 
     Off by default until its speed is measured: the kernels passed their
     tests on an H200, but the session's GPU time ran out before the
@@ -109,7 +126,9 @@ def _trunk(x, wg, bg, wt, bt, w1, b1):
     gated = _dot(x, wg) + bg
     transformed = _dot(x, wt) + bt
     tau = 1.0 / (1.0 + jnp.exp(-gated))
-    relu = jnp.maximum(transformed, 0.0)
+    # A select, not `maximum`: JAX's gradient of `maximum` at a tie is
+    # 0.5, `ops.relu`'s (and the backward kernel's) 0.
+    relu = jnp.where(transformed > 0, transformed, 0.0)
     y = tau * relu + (1.0 - tau) * x
     z = _dot(y, w1) + b1
     return transformed, tau, relu, y, z, _leaky(z)
@@ -193,7 +212,7 @@ def _backward_kernel(*refs, scalar_out, navigator):
     dx_ref[...] = dx
 
 
-def _call(kernel, inputs, outputs, tiles, tile, interpret, name):
+def _call(kernel, inputs, outputs, tiles, tile, warps, interpret, name):
     """`pallas_call` over `tiles` programs. `inputs` / `outputs`: lists
     of `(shape, kind)`, kind "points" (tiled on axis 0), "whole" (every
     program reads all of it) or "partial" (one slice per program)."""
@@ -216,7 +235,7 @@ def _call(kernel, inputs, outputs, tiles, tile, interpret, name):
         grid=(tiles,),
         in_specs=[spec(s, k) for s, k in inputs],
         out_specs=[spec(s, k) for s, k in outputs],
-        compiler_params=pl_triton.CompilerParams(num_warps=WARPS, num_stages=1),
+        compiler_params=pl_triton.CompilerParams(num_warps=warps, num_stages=1),
         interpret=interpret,
         name=name,
     )
@@ -236,7 +255,7 @@ def _reference(x, weights, scalar_out, navigator):
 
 
 @functools.lru_cache(maxsize=None)
-def _mlp_function(scalar_out, navigator, tile, interpret):
+def _mlp_function(scalar_out, navigator, tile, warps, interpret):
     """The `custom_vjp` function for one static configuration."""
     import jax
     import jax.numpy as jnp
@@ -272,6 +291,7 @@ def _mlp_function(scalar_out, navigator, tile, interpret):
             outputs,
             tiles,
             tile,
+            warps,
             interpret,
             "kq_adversary_forward",
         )
@@ -348,6 +368,7 @@ def _mlp_function(scalar_out, navigator, tile, interpret):
             [(padded.shape, "points")] + partials,
             tiles,
             tile,
+            warps,
             interpret,
             "kq_adversary_backward",
         )
@@ -397,8 +418,14 @@ def mlp(x, highway, dense_1, dense_2, navigator=None, interpret=None):
         (n1, nb1), (n2, nb2) = navigator
         weights += [n1, jnp.reshape(nb1, (1, -1)), n2]
     interpret = INTERPRET if interpret is None else interpret
-    function = _mlp_function(scalar_out, navigator is not None, TILE, interpret)
-    results = function(x, tuple(weights))
+    if x.shape[0] == 0:
+        # No point: no program to launch.
+        results = _reference(x, weights, scalar_out, navigator is not None)
+    else:
+        function = _mlp_function(
+            scalar_out, navigator is not None, TILE, WARPS, interpret
+        )
+        results = function(x, tuple(weights))
     out = results[0]
     out = (out[:, None] if scalar_out else out) + jnp.reshape(b2, (1, -1))
     if navigator is None:

@@ -18,8 +18,9 @@ has no autodiff rule), under the JAX backend, and only when the program
 is lowered for CUDA (`jax.lax.platform_dependent`): compiled for a CPU or
 a TPU the same call runs the generic iterations. Matrices are padded to
 powers of two and must fit on chip: at most `MAX_ELEMENTS` entries after
-padding (128 x 256); larger ones take the generic path. The environment
-variable `KERAS_ATTNVARIANTS_FUSED_SINKHORN=0` turns the kernel off.
+padding (128 x 256, say); larger ones take the generic path. The
+environment variable `KERAS_ATTNVARIANTS_FUSED_SINKHORN=0` (`false`,
+`off`, `no`), read when a step is traced, turns the kernel off.
 """
 
 import math
@@ -30,7 +31,8 @@ MAX_ELEMENTS = 128 * 256
 
 
 def enabled():
-    """False when `KERAS_ATTNVARIANTS_FUSED_SINKHORN` is `0`/`false`/`off`."""
+    """False when `KERAS_ATTNVARIANTS_FUSED_SINKHORN` is `0`/`false`/`off`/
+    `no` (read at trace time)."""
     flag = os.environ.get("KERAS_ATTNVARIANTS_FUSED_SINKHORN", "1")
     return flag.strip().lower() not in ("0", "false", "off", "no")
 

@@ -206,7 +206,8 @@ def _plan(
         cost = cost / ops.stop_gradient(ops.maximum(scale, 1e-12))
     # log_kernel: (..., n, m); masked pairs at MASK_FILL.
     log_kernel = ops.where(valid, -cost / epsilon, MASK_FILL)
-    if fused:
+    # Below 1e-6 `-cost / epsilon` could reach the kernel's padding fill.
+    if fused and epsilon >= 1e-6:
         u, v = _fused_potentials(log_kernel, rows, cols, iterations)
     else:
         u, v = _potentials(log_kernel, rows, cols, iterations)
@@ -332,7 +333,8 @@ def sinkhorn_cost(
     point (no rows or no columns) a cost of 0.
 
     Under JAX, in a program compiled for an NVIDIA GPU, the iterations run
-    in one fused kernel per matrix for matrices of at most 128 x 256
+    in one fused kernel per matrix for matrices of at most 32,768 entries
+    after padding each side to a power of two, and `epsilon >= 1e-6`
     (`keras_attnvariants.ops.fused_sinkhorn`; same arithmetic;
     `KERAS_ATTNVARIANTS_FUSED_SINKHORN=0` turns it off).
     """

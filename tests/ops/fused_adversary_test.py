@@ -122,8 +122,10 @@ class FusedMlpInterpretTest(TestCase):
 
     def test_fits(self):
         self.assertTrue(fused_adversary.fits(64, 64, 1))
-        self.assertTrue(fused_adversary.fits(64, 128, 128))
         self.assertFalse(fused_adversary.fits(48, 64, 1))
+        self.assertTrue(fused_adversary.fits(32, 64, 64))
+        # 128 wide: never compiled, left to the generic path.
+        self.assertFalse(fused_adversary.fits(64, 128, 128))
         self.assertFalse(fused_adversary.fits(64, 256, 1))
         self.assertFalse(fused_adversary.fits(64, 64, 32))
         self.assertFalse(fused_adversary.fits(None, 64, 1))
@@ -142,9 +144,9 @@ def projected(seed):
     return q, k, q_mask, k_mask
 
 
-def loss_and_grads(term, q, k, q_mask, k_mask):
+def loss_and_grads(term, q, k, q_mask, k_mask, jit=False):
     """The term's value and its gradients with respect to `q`, `k` and
-    every trainable weight (JAX, stateless)."""
+    every trainable weight (JAX, stateless; compiled with `jit`)."""
     import jax
 
     variables = term.trainable_variables
@@ -154,7 +156,8 @@ def loss_and_grads(term, q, k, q_mask, k_mask):
         with keras.StatelessScope(state_mapping=mapping):
             return term(q, k, q_mask, k_mask)
 
-    out, grads = jax.value_and_grad(value, (0, 1, 2))(
+    grad = jax.value_and_grad(value, (0, 1, 2))
+    out, grads = (jax.jit(grad) if jit else grad)(
         q, k, [v.value for v in variables]
     )
     return float(out), jax.tree.leaves(grads)
@@ -168,6 +171,19 @@ def built_term(method, seed=0, **kwargs):
     for w in term.weights:
         w.assign(rng.normal(size=w.shape).astype("float32") * 0.5)
     return term
+
+
+def with_relu_ties(term, inputs):
+    """`inputs` with zero (valid) points, and the term's highway transform
+    bias zeroed: the transform is exactly 0 there, where the relu's
+    gradient convention (0) decides the points' gradients."""
+    q, k, q_mask, k_mask = (np.array(t) for t in inputs)
+    q[0, 1] = 0.0
+    k[0, 2] = 0.0
+    for w in term.weights:
+        if "transform" in w.path and "bias" in w.path:
+            w.assign(np.zeros(w.shape, "float32"))
+    return q, k, q_mask, k_mask
 
 
 def forced_on_gpu():
@@ -198,7 +214,7 @@ class FusedKQAlignmentTest(TestCase):
     )
     def test_same_loss_and_gradients_as_the_generic_path(self, method, kw):
         term = built_term(method, **kw)
-        inputs = projected(1)
+        inputs = with_relu_ties(term, projected(1))
         want, want_grads = loss_and_grads(term, *inputs)
         gpu, interpret = forced_on_gpu()
         with gpu, interpret:
@@ -269,15 +285,17 @@ class FusedKQAlignmentTest(TestCase):
         with gpu:
             self.assertFalse(TRITON_CALL in lowered("cpu"))
 
-    def test_gpu_traced_step_compiled_for_cpu_matches(self):
+    @parameterized.parameters("gan", "ct")
+    def test_gpu_traced_step_compiled_for_cpu_matches(self, method):
         # The custom gradient's XLA branch (what a CPU compile of a step
-        # traced on a GPU host runs) against the plain path.
-        term = built_term("ct")
-        inputs = projected(4)
+        # traced on a GPU host runs), compiled, against the plain path.
+        term = built_term(method)
+        inputs = with_relu_ties(term, projected(4))
         want, want_grads = loss_and_grads(term, *inputs)
         gpu, _ = forced_on_gpu()
         with gpu:
-            got, got_grads = loss_and_grads(term, *inputs)
+            self.assertTrue(term._fuses_adversary(16))
+            got, got_grads = loss_and_grads(term, *inputs, jit=True)
         self.assertAllClose(got, want, rtol=1e-5, atol=1e-6)
         for g, w in zip(got_grads, want_grads):
             scale = max(1.0, float(np.max(np.abs(w))))
