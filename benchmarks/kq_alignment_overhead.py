@@ -126,6 +126,28 @@ def machine():
     return f"{device_name()}; host {host}"
 
 
+def fused_kernels_note():
+    """Which fused GPU kernels the run could use (JAX on an NVIDIA GPU
+    only; `keras_attnvariants/ops/fused_*.py`), for the report."""
+    if keras.backend.backend() != "jax":
+        return ""
+    from keras_attnvariants.ops import fused_adversary
+    from keras_attnvariants.ops import fused_sinkhorn
+
+    if not fused_adversary.on_nvidia_gpu():
+        return ""
+    adversary = (
+        f"on (tile {fused_adversary.TILE}, {fused_adversary.WARPS} warps)"
+        if fused_adversary.enabled()
+        else "off"
+    )
+    sinkhorn = "on" if fused_sinkhorn.enabled() else "off"
+    return (
+        f" Fused GPU kernels: Sinkhorn {sinkhorn}, GAN/CT adversary "
+        f"{adversary}."
+    )
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -237,6 +259,7 @@ def main(argv=None):
         f"heads x {args.hidden // args.heads}, batch {args.batch_size} x "
         f"length {args.length} (padded), {repeats} repeats x {steps} steps"
         + (", one adversary per head." if args.adversary_per_head else ".")
+        + fused_kernels_note()
         + (
             " --quick smoke run: its timings and verdicts mean nothing."
             if args.quick
