@@ -127,25 +127,19 @@ def machine():
 
 
 def fused_kernels_note():
-    """Which fused GPU kernels the run could use (JAX on an NVIDIA GPU
-    only; `keras_attnvariants/ops/fused_*.py`), for the report."""
+    """Whether the run could use the fused Sinkhorn kernel (JAX on an
+    NVIDIA GPU only; `keras_attnvariants/ops/fused_sinkhorn.py`), for the
+    report."""
     if keras.backend.backend() != "jax":
         return ""
-    from keras_attnvariants.ops import fused_adversary
+    import jax
+
     from keras_attnvariants.ops import fused_sinkhorn
 
-    if not fused_adversary.on_nvidia_gpu():
+    if jax.default_backend() != "gpu":
         return ""
-    adversary = (
-        f"on (tile {fused_adversary.TILE}, {fused_adversary.WARPS} warps)"
-        if fused_adversary.enabled()
-        else "off"
-    )
     sinkhorn = "on" if fused_sinkhorn.enabled() else "off"
-    return (
-        f" Fused GPU kernels: Sinkhorn {sinkhorn}, GAN/CT adversary "
-        f"{adversary}."
-    )
+    return f" Fused Sinkhorn kernel (GPU): {sinkhorn}."
 
 
 def parse_args(argv=None):

@@ -4,7 +4,6 @@ import keras
 from keras import ops
 
 from keras_attnvariants.losses.attention_loss import AttentionLoss
-from keras_attnvariants.ops import fused_adversary
 from keras_attnvariants.ops.gradient_reversal import gradient_reversal
 from keras_attnvariants.ops.transport import conditional_transport_cost
 from keras_attnvariants.ops.transport import cosine_cost
@@ -555,40 +554,6 @@ class KQAlignment(AttentionLoss):
         x = tau * ops.relu(transformed) + (1.0 - tau) * x
         return dense_2(ops.leaky_relu(dense_1(x, frozen=frozen)), frozen=frozen)
 
-    def _fuses_adversary(self, dim):
-        """Whether the adversary runs as fused GPU kernels on points of
-        size `dim` (`keras_attnvariants/ops/fused_adversary.py`): opted
-        in (`KERAS_ATTNVARIANTS_FUSED_ADVERSARY=1`), under JAX on an
-        NVIDIA GPU, for a shared adversary of widths 16, 32 or 64."""
-        hidden = self.hidden_dim or dim
-        return (
-            keras.config.backend() == "jax"
-            and not self.adversary_per_head
-            and fused_adversary.enabled()
-            and fused_adversary.fits(
-                dim, hidden, 1 if self.method == "gan" else hidden
-            )
-            and fused_adversary.on_nvidia_gpu()
-        )
-
-    @staticmethod
-    def _fused_mlp(layers, x, frozen=False, navigator=None):
-        """`_highway_mlp` (and with `navigator` layers, the navigator's
-        output too) through the fused kernels, same weights and
-        gradients (reversed or frozen as in `_highway_mlp`)."""
-        gate, transform, dense_1, dense_2 = (
-            layer.kernel_and_bias(frozen) for layer in layers
-        )
-        return fused_adversary.mlp(
-            ops.cast(x, "float32"),
-            gate + transform,
-            dense_1,
-            dense_2,
-            navigator=None
-            if navigator is None
-            else tuple(layer.kernel_and_bias() for layer in navigator),
-        )
-
     def _pointwise(self, function, x):
         """`function` of flat points applied to a cloud `(B, G, P, d)`.
 
@@ -674,13 +639,8 @@ class KQAlignment(AttentionLoss):
 
     def _discriminate(self, q, k, frozen=False):
         """Discriminator logits `(B, G, P)` of the queries and the keys."""
-        mlp = (
-            self._fused_mlp
-            if self._fuses_adversary(q.shape[-1])
-            else self._highway_mlp
-        )
         logit_q, logit_k = self._on_both(
-            lambda x: mlp(self.discriminator, x, frozen), q, k
+            lambda x: self._highway_mlp(self.discriminator, x, frozen), q, k
         )
         return logit_q[..., 0], logit_k[..., 0]
 
@@ -715,11 +675,6 @@ class KQAlignment(AttentionLoss):
         """Navigator `t_phi(x)` and critic `t_eta(x)` of flat points; the
         navigator's first layer shares one matmul with the critic's gate
         and transform (same inputs)."""
-        if self._fuses_adversary(x.shape[-1]):
-            critic, navigator = self._fused_mlp(
-                self.critic, x, navigator=self.navigator
-            )
-            return navigator, critic
         gate, transform = self.critic[:2]
         nav_hidden, gated, transformed = _dense_concatenated(
             [self.navigator[0], gate, transform], x
