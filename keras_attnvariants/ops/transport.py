@@ -206,9 +206,8 @@ def _plan(
         cost = cost / ops.stop_gradient(ops.maximum(scale, 1e-12))
     # log_kernel: (..., n, m); masked pairs at MASK_FILL.
     log_kernel = ops.where(valid, -cost / epsilon, MASK_FILL)
-    # Below 1e-6 `-cost / epsilon` could reach the kernel's padding fill.
-    if fused and epsilon >= 1e-6:
-        u, v = _fused_potentials(log_kernel, rows, cols, iterations)
+    if fused:
+        u, v = _fused_potentials(log_kernel, rows, cols, iterations, epsilon)
     else:
         u, v = _potentials(log_kernel, rows, cols, iterations)
     plan = ops.exp(log_kernel + u[..., :, None] + v[..., None, :])
@@ -240,14 +239,17 @@ def _potentials(log_kernel, rows, cols, iterations):
     return u, v
 
 
-def _fused_potentials(log_kernel, rows, cols, iterations):
+def _fused_potentials(log_kernel, rows, cols, iterations, epsilon):
     """`_potentials` through the fused GPU kernel where it applies: under
-    JAX, for matrices that fit it, in programs lowered for CUDA (the same
-    program lowered for another platform runs `_potentials`). No gradient
-    flows through it: callers pass a gradient-free `log_kernel`."""
+    JAX, for matrices that fit it and `epsilon >= 1e-6`, in programs
+    lowered for CUDA (the same program lowered for another platform runs
+    `_potentials`). No gradient flows through it: callers pass a
+    gradient-free `log_kernel`."""
     shape = static_shape(log_kernel)
     if (
         keras.config.backend() != "jax"
+        # Below 1e-6 `-cost / epsilon` could reach the kernel's padding fill.
+        or epsilon < 1e-6
         or not fused_sinkhorn.enabled()
         or shape is None
         or not fused_sinkhorn.fits(shape[-2], shape[-1])

@@ -156,6 +156,21 @@ class FusedSinkhornDispatchTest(TestCase):
         program = lowered_program(ot_cost, *self.args(n=200, m=300))
         self.assertFalse(holds_kernel(program))
 
+    def test_tiny_epsilon_takes_the_generic_path(self):
+        # Below 1e-6, `-cost / epsilon` could reach the padding fill.
+        def cost_at(epsilon):
+            def fn(q, k, q_mask, k_mask):
+                cost = transport.squared_euclidean_cost(q, k)
+                return transport.sinkhorn_cost(
+                    cost, epsilon, 100, q_mask, k_mask
+                )
+
+            return fn
+
+        args = self.args()
+        self.assertTrue(holds_kernel(lowered_program(cost_at(1e-6), *args)))
+        self.assertFalse(holds_kernel(lowered_program(cost_at(1e-7), *args)))
+
     def test_differentiable_plan_keeps_the_generic_path(self):
         # `sinkhorn_plan` differentiates through its iterations; the
         # kernel has no autodiff rule.
