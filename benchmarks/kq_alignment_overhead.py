@@ -127,9 +127,13 @@ def machine():
 
 
 def fused_kernels_note():
-    """Whether the run could use the fused Sinkhorn kernel (JAX on an
-    NVIDIA GPU only; `keras_attnvariants/ops/fused_sinkhorn.py`), for the
-    report."""
+    """Whether the run could use the fused Sinkhorn kernel, for the report.
+
+    The kernel is lowered for CUDA only (`jax.lax.platform_dependent` in
+    `keras_attnvariants/ops/transport.py`): a JAX run on an NVIDIA GPU
+    uses it unless `KERAS_ATTNVARIANTS_FUSED_SINKHORN` turns it off, and a
+    JAX run on any other GPU (ROCm) never does, whatever that variable
+    says."""
     if keras.backend.backend() != "jax":
         return ""
     import jax
@@ -138,8 +142,14 @@ def fused_kernels_note():
 
     if jax.default_backend() != "gpu":
         return ""
+    try:
+        cuda = bool(jax.devices("cuda"))
+    except RuntimeError:  # no CUDA platform: a ROCm GPU
+        cuda = False
+    if not cuda:
+        return " Fused Sinkhorn kernel: not used (CUDA only)."
     sinkhorn = "on" if fused_sinkhorn.enabled() else "off"
-    return f" Fused Sinkhorn kernel (GPU): {sinkhorn}."
+    return f" Fused Sinkhorn kernel (CUDA): {sinkhorn}."
 
 
 def parse_args(argv=None):

@@ -232,6 +232,38 @@ def test_kq_alignment_overhead_rejects_unknown_methods(capsys):
     assert script.parse_args([]).methods == list(script.METHODS)
 
 
+@pytest.mark.parametrize(
+    "platforms, flag, expected",
+    [
+        ((), "1", ""),  # JAX on the CPU: nothing to report
+        (("cuda",), "1", " Fused Sinkhorn kernel (CUDA): on."),
+        (("cuda",), "0", " Fused Sinkhorn kernel (CUDA): off."),
+        # A ROCm GPU lowers the generic loop whatever the variable says.
+        (("rocm",), "1", " Fused Sinkhorn kernel: not used (CUDA only)."),
+    ],
+)
+def test_kq_header_says_which_gpus_run_the_fused_sinkhorn_kernel(
+    monkeypatch, platforms, flag, expected
+):
+    jax = pytest.importorskip("jax")
+    import keras
+
+    script = _load("kq_alignment_overhead")
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    monkeypatch.setattr(
+        jax, "default_backend", lambda: "gpu" if platforms else "cpu"
+    )
+
+    def devices(platform=None):
+        if platform not in platforms:
+            raise RuntimeError(f"Unknown backend {platform}")
+        return ["device"]
+
+    monkeypatch.setattr(jax, "devices", devices)
+    monkeypatch.setenv("KERAS_ATTNVARIANTS_FUSED_SINKHORN", flag)
+    assert script.fused_kernels_note() == expected
+
+
 def test_faster_path_is_the_direct_same_repeat_comparison():
     script = _load("accelerator_step")
     # Medians of the ratios to keras MHA say explicit (1.00x < 1.01x), the
