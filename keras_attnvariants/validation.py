@@ -45,7 +45,10 @@ def check_float(name, value, low=0.0, low_inclusive=False):
     if ok and low is not None:
         ok = value >= low if low_inclusive else value > low
     if ok:
-        ok = math.isfinite(value)
+        # Comparisons, not `math.isfinite`: torch.compile traces a float
+        # attribute's `math.isfinite` as a tensor op and broke the graph
+        # (every dropout call under `jit_compile=True` on PyTorch).
+        ok = -math.inf < value < math.inf  # False for NaN too
     if not ok:
         if low is None:
             bound = ""

@@ -186,6 +186,22 @@ def test_step_scripts_reject_bad_sizes(name):
     assert args.repeats >= 1 and args.lengths
 
 
+def test_torch_compile_step_rejects_bad_sizes():
+    script = _load("torch_compile_step")
+    for argv in (
+        ["--batch-size", "0"],
+        ["--length", "0"],
+        ["--heads", "-1"],
+        ["--key-dim", "0"],
+        ["--repeats", "0"],
+        ["--steps", "0"],
+    ):
+        _rejects(script.parse_args, argv)
+    args = script.parse_args(["--quick"])
+    assert args.repeats >= 1 and args.steps >= 1
+    assert script.REFERENCE in script.layers(2, 4)
+
+
 def test_suite_rejects_bad_sizes():
     suite = _load("suite")
     for argv in (

@@ -238,6 +238,11 @@ class DemoJourneyTest(TestCase):
 
     def test_demo_classifier_trains_without_gradient_warnings(self):
         # The unused pooler warned "Gradients do not exist" on every run.
+        if keras.backend.backend() == "jax":
+            # JAX differentiates every variable (zeros where unused), so
+            # the warning cannot fire there: the test passed on JAX with
+            # the pooler trainable again, and took 28 s.
+            pytest.skip("JAX never has missing gradients")
         pytest.importorskip("keras_hub")
         from keras_attnvariants import demo
 

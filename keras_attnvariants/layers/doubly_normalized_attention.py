@@ -44,6 +44,12 @@ def fused_biased_attention(layer, query, key, value, mask, bias):
         bias is not None or kernel_mask is not None
     ):
         flash = False
+    elif keras.config.backend() == "torch":
+        # PyTorch's `scaled_dot_product_attention` picks its flash kernel
+        # itself where it applies; keras's check for it (`flash=None`)
+        # cannot be traced by torch.compile, which then broke the graph
+        # of every HNAS call (Keras 3.15).
+        flash = False
     output = ops.dot_product_attention(
         query,
         key,

@@ -22,7 +22,9 @@ REDUCTIONS = ("sum", "mean")
 def _check_guided_heads(head_map, num_heads, received):
     """`ValueError` when `head_map` guides a head the attention lacks;
     `received` names the argument that sets `num_heads`."""
-    guided = max(head_map, default=-1)
+    # Not `max(head_map, default=-1)`: torch.compile cannot trace the
+    # keyword (a graph break in every guided PyTorch step).
+    guided = max([-1, *head_map])
     if guided >= num_heads:
         raise ValueError(
             f"`head_patterns` guides head {guided}, but the attention has "

@@ -159,10 +159,20 @@ def hash_words(x):
             integer tensor (cast).
     """
     dtype = _word_dtype()
-    if isinstance(x, (numbers.Integral, list, tuple)):
-        # Python ints of any size, reduced before NumPy sees them.
-        words = np.asarray(np.array(x, dtype=object) % 2**32, np.uint32)
-        return ops.convert_to_tensor(words.view(dtype))
+
+    def word(value):
+        # Python ints of any size: the low 32 bits, read as int32 on
+        # PyTorch. Plain Python arithmetic, not NumPy: under
+        # `jit_compile=True` on PyTorch, torch.compile broke its graph at
+        # every NumPy constant (about 20 breaks per noise tensor, each
+        # piece compiled on its own).
+        value = int(value) % 2**32
+        return value - 2**32 if dtype == "int32" and value >= 2**31 else value
+
+    if isinstance(x, numbers.Integral):
+        return ops.convert_to_tensor(word(x), dtype=dtype)
+    if isinstance(x, (list, tuple)):
+        return ops.convert_to_tensor([word(v) for v in x], dtype=dtype)
     return ops.cast(x, dtype)
 
 

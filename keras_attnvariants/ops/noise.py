@@ -40,7 +40,7 @@ def noise_key(seed_generator):
     `DistributedDataParallel`, where every rank seeds alike and indexes
     its own local batch from 0), the rank is hashed in the same way.
     """
-    seed = hash_words(seed_generator.next())  # the low 32 bits of each
+    seed = hash_words(_next_state(seed_generator))  # the low 32 bits
     key = fmix32(ops.bitwise_xor(seed[0], hash_words(_SEED_SALT)))
     key = fmix32(ops.bitwise_xor(key, seed[1]))
     replica = _replica_id()
@@ -49,6 +49,24 @@ def noise_key(seed_generator):
         replica = fmix32(ops.bitwise_xor(replica, hash_words(_REPLICA_SALT)))
         key = fmix32(ops.bitwise_xor(key, replica))
     return key
+
+
+def _next_state(seed_generator):
+    """`seed_generator.next()`: its state, then the state advanced by
+    `[0, 1]`.
+
+    The same arithmetic as Keras's `SeedGenerator.next`, with the
+    increment a Python list instead of a NumPy array: under
+    `jit_compile=True` on PyTorch, torch.compile cannot trace NumPy
+    arrays, and the graph break inside the layer's name scope made it run
+    the whole layer call eagerly (Keras 3.15).
+    """
+    state = seed_generator.state
+    value = state.value * 1  # a copy, as `next` returns
+    state.assign(
+        ops.add(state.value, ops.convert_to_tensor([0, 1], dtype=state.dtype))
+    )
+    return value
 
 
 def _replica_id():

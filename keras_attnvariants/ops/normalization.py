@@ -127,7 +127,9 @@ def row_max(x):
     """
     if statically_empty(x):
         return ops.full((*ops.shape(x)[:-1], 1), float("-inf"), x.dtype)
-    return ops.max(x, axis=-1, keepdims=True)
+    # `ops.amax`, not `ops.max`: the same reduction, but PyTorch's
+    # `ops.max` reads `result.values`, which torch.compile cannot trace.
+    return ops.amax(x, axis=-1, keepdims=True)
 
 
 def _row_exp(x):

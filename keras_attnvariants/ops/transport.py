@@ -200,7 +200,7 @@ def _plan(
         # an empty tensor.
         return ops.zeros_like(cost)
     if normalize_cost:
-        scale = ops.max(
+        scale = ops.amax(
             ops.where(valid, ops.abs(cost), 0.0), axis=(-2, -1), keepdims=True
         )
         cost = cost / ops.stop_gradient(ops.maximum(scale, 1e-12))
@@ -392,7 +392,7 @@ def _masked_softmax_along(logits, valid, axis):
     if statically_empty(logits):
         return ops.zeros_like(logits)
     shifted = logits - ops.stop_gradient(
-        ops.max(logits, axis=axis, keepdims=True)
+        ops.amax(logits, axis=axis, keepdims=True)
     )
     weights = ops.where(valid, ops.exp(shifted), 0.0)
     total = ops.sum(weights, axis=axis, keepdims=True)
