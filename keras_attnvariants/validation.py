@@ -48,7 +48,9 @@ def check_float(name, value, low=0.0, low_inclusive=False):
         # Comparisons, not `math.isfinite`: torch.compile traces a float
         # attribute's `math.isfinite` as a tensor op and broke the graph
         # (every dropout call under `jit_compile=True` on PyTorch).
-        ok = -math.inf < value < math.inf  # False for NaN too
+        # (of the value as a Python float: a NumPy longdouble beyond
+        # float64's range becomes inf).
+        ok = -math.inf < float(value) < math.inf  # False for NaN too
     if not ok:
         if low is None:
             bound = ""

@@ -50,7 +50,19 @@ def test_check_float_accepts_numpy_scalars_and_returns_python_floats():
 
 
 @pytest.mark.parametrize(
-    "value", [0.0, -1.0, float("inf"), float("nan"), True, np.bool_(1), "1"]
+    "value",
+    [
+        0.0,
+        -1.0,
+        float("inf"),
+        float("nan"),
+        np.float32("nan"),
+        # Finite as a longdouble (x86), inf as a Python float.
+        np.longdouble("1e400"),
+        True,
+        np.bool_(1),
+        "1",
+    ],
 )
 def test_check_float_rejects(value):
     with pytest.raises(ValueError, match=r"`rate` must be a finite float > 0"):

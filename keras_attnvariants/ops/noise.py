@@ -59,7 +59,11 @@ def _next_state(seed_generator):
     increment a Python list instead of a NumPy array: under
     `jit_compile=True` on PyTorch, torch.compile cannot trace NumPy
     arrays, and the graph break inside the layer's name scope made it run
-    the whole layer call eagerly (Keras 3.15).
+    the whole layer call eagerly (Keras 3.15). It reads and assigns
+    `state.value` as `next` does, so it behaves alike in JAX's stateless
+    train step and in a `tf.distribute` replica context; it computes with
+    the current backend's ops (the layers' generators are plain
+    `SeedGenerator`s of that backend) and bypasses a subclass's `next`.
     """
     state = seed_generator.state
     value = state.value * 1  # a copy, as `next` returns
