@@ -47,10 +47,10 @@ def check_float(name, value, low=0.0, low_inclusive=False):
     if ok:
         # Comparisons, not `math.isfinite`: torch.compile traces a float
         # attribute's `math.isfinite` as a tensor op and broke the graph
-        # (every dropout call under `jit_compile=True` on PyTorch).
-        # (of the value as a Python float: a NumPy longdouble beyond
-        # float64's range becomes inf).
-        ok = -math.inf < float(value) < math.inf  # False for NaN too
+        # (every dropout call under `jit_compile=True` on PyTorch). On the
+        # value as a Python float, as returned: a NumPy longdouble beyond
+        # float64's range becomes inf there. False for NaN too.
+        ok = -math.inf < float(value) < math.inf
     if not ok:
         if low is None:
             bound = ""

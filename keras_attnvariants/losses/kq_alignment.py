@@ -718,7 +718,8 @@ class KQAlignment(AttentionLoss):
         if self.head_reduction == "sum":
             # The paper's sum over heads, averaged over the examples that
             # have a valid query and key.
-            count = ops.sum(ops.max(groups, axis=-1))
+            # `ops.amax`: PyTorch's `ops.max` breaks torch.compile's graph.
+            count = ops.sum(ops.amax(groups, axis=-1))
         else:
             count = ops.sum(groups)
         return self.weight * total / ops.maximum(count, 1.0)

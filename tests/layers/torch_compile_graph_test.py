@@ -31,21 +31,24 @@ on_torch = pytest.mark.skipif(
 # One layer per code path the fixes touched (tracing a layer call takes
 # about 10 s): the noise of Gumbel samples (hash constants, seed state;
 # DNAS's dropout, its rate's check and row maxima are traced in the
-# test of several rates below); HNAS's fused kernel
-# (keras's flash check); the adversaries and the masked softmax of KQ
-# alignment (CT). The attention-guidance term breaks the graph on purpose
-# after its step counter's increment (`_break_torch_compile_graph`: a
-# PyTorch AOTAutograd bug), so layers carrying it are left out; the
-# Sinkhorn loop is traced below as an op (100 iterations take 34 s as a
-# layer). The two-stream encoder still breaks in Keras's own
-# `tree.flatten` of its nested `(g, h)` block inputs (Keras 3.15).
+# test of several rates below); HNAS's fused kernel (keras's flash
+# check); the adversaries, the masked softmax and the paper's sum over
+# heads of KQ alignment (CT). The attention-guidance term breaks the graph
+# on purpose after its step counter's increment
+# (`_break_torch_compile_graph`: a PyTorch AOTAutograd bug), so layers
+# carrying it are left out; the Sinkhorn loop is traced below as an op
+# (100 iterations take 34 s as a layer). The two-stream encoder still
+# breaks in Keras's own `tree.flatten` of its nested `(g, h)` block
+# inputs (Keras 3.15).
 LAYERS = {
     "hybrid_attention": layer_zoo.LAYERS["hybrid_attention"],
     "gumbel_relaxed": layer_zoo.LAYERS["gumbel_discrete_attention"],
     "gumbel_straight_through": lambda: kav.GumbelDiscreteAttention(
         2, 4, seed=3, straight_through=True
     ),
-    "hnas_with_kq_ct": layer_zoo.LAYERS["hnas_with_kq_ct"],
+    "hnas_with_kq_ct": lambda: kav.HybridAttention(
+        2, 4, attention_losses=[kav.KQAlignment("ct", head_reduction="sum")]
+    ),
 }
 
 
