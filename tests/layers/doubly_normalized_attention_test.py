@@ -207,7 +207,14 @@ class DoublyNormalizedAttentionTest(TestCase):
             layer = kav.DoublyNormalizedAttention(**INIT, dropout=0.1)
             return layer(inputs[0], inputs[0], attention_mask=inputs[1])
 
-        self.run_multi_input_training_step(build, [x, mask], jit_compile=True)
+        # PyTorch's compiled step costs 60 s of inductor compile on a 2-core
+        # CPU: HNAS's jit test compiles the same normalization, and
+        # torch_compile_graph_test traces this layer with dropout in one
+        # graph; here PyTorch trains eagerly.
+        jit_compile = keras.config.backend() != "torch"
+        self.run_multi_input_training_step(
+            build, [x, mask], jit_compile=jit_compile
+        )
 
     def test_keras_save_load_parity(self):
         x, valid = padded_inputs()
