@@ -196,7 +196,9 @@ class SinkhornTest(TestCase):
         other = ops.convert_to_tensor(ops.convert_to_numpy(cost))
         jax.monitoring.register_event_duration_secs_listener(listener)
         try:
-            second = transport.sinkhorn_plan(other, iterations=26, col_mask=mask)
+            second = transport.sinkhorn_plan(
+                other, iterations=26, col_mask=mask
+            )
             ops.convert_to_numpy(second)
             repeat = len(compiles)
             transport.sinkhorn_plan(cost, iterations=27, col_mask=mask)
