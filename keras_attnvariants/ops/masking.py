@@ -34,7 +34,8 @@ def _check_compatible(shapes):
     """`ValueError` unless the static `shapes` broadcast together (sizes
     of 1 and unknown sizes match anything)."""
     known = [s for s in shapes if s is not None]
-    for axis in range(1, max(map(len, known), default=0) + 1):
+    # `max` without `default=`: torch.compile cannot trace that keyword.
+    for axis in range(1, max([0, *(len(s) for s in known)]) + 1):
         sizes = {s[-axis] for s in known if len(s) >= axis} - {None, 1}
         if len(sizes) > 1:
             raise ValueError(

@@ -132,6 +132,29 @@ def test_sinkhorn_plan_traces_as_one_graph():
     )
 
 
+@on_torch
+def test_attention_mask_merged_with_query_mask_traces_as_one_graph():
+    # Merging the masks checked their shapes with `max(..., default=0)`,
+    # a keyword torch.compile cannot trace.
+    import torch
+
+    torch._dynamo.reset()
+    x, mask = _inputs()
+    query_mask = mask[:, :, 0]
+    layer = kav.DoublyNormalizedAttention(2, 4)
+
+    def call(x, mask, query_mask):
+        return layer(x, x, attention_mask=mask, query_mask=query_mask)
+
+    want = call(x, mask, query_mask)
+    compiled = torch.compile(call, fullgraph=True, backend="eager")
+    np.testing.assert_allclose(
+        compiled(x, mask, query_mask).detach().numpy(),
+        want.detach().numpy(),
+        atol=1e-6,
+    )
+
+
 def test_next_state_advances_like_seed_generator_next():
     # The layers' noise keys read `_next_state`, Keras's `next()` without
     # its NumPy increment: the same states, in the same order.
