@@ -6,6 +6,8 @@ get zero mass, so padding never moves a result. Everything runs in float32;
 outputs are float32.
 """
 
+import functools
+
 import keras
 from keras import ops
 
@@ -227,8 +229,8 @@ def _potentials(log_kernel, rows, cols, iterations):
     v = log_b - ops.logsumexp(log_kernel + u[..., :, None], axis=-2)
     full_blocks, last_block = divmod(iterations - 1, _ABSORB_EVERY)
     if full_blocks:
-        state = (u, v, log_kernel, a, b, rows, cols)
-        u, v = ops.fori_loop(0, full_blocks, _block, state)[:2]
+        constants = (log_kernel, a, b, rows, cols)
+        u, v = _fori_with_constants(full_blocks, _block, (u, v), constants)
     if last_block:
         u, v = _absorbed_iterations(
             log_kernel, (u, v), a, b, rows, cols, last_block
@@ -270,24 +272,45 @@ def _fused_potentials(log_kernel, rows, cols, iterations, epsilon):
 # Sinkhorn iterations per absorption (see `_absorbed_iterations`).
 _ABSORB_EVERY = 10
 
-# The loop bodies below are module-level functions that take every array
-# through the loop state, not closures over them: JAX caches a loop's
-# traced body by the function's identity, so a closure made per call
-# recompiled both loops at every eager call (0.3 s per `sinkhorn_plan` of
-# a 6 x 5 cost on a CPU, against 0.01 s once cached). Traced programs are
-# unchanged: XLA hoists the loop-invariant state.
+
+def _fori_with_constants(steps, update, carry, constants):
+    """`carry = update(carry, *constants)`, `steps` times (`ops.fori_loop`).
+
+    JAX caches a loop's traced body by the function's identity: a closure
+    made per call recompiled the loop at every eager call (0.3 s per
+    `sinkhorn_plan` of a 6 x 5 cost on a CPU, against 0.01 s cached). So
+    under JAX one module-level body per `update` carries the constants in
+    the loop state (its loops treat state passed through unchanged as
+    constants). Elsewhere a closure captures them: TensorFlow's gradient of
+    a `while_loop` saves every loop variable at every iteration, a captured
+    tensor once.
+    """
+    if keras.config.backend() == "jax":
+        state = ops.fori_loop(0, steps, _state_body(update), (carry, constants))
+        return state[0]
+    return ops.fori_loop(0, steps, lambda _, c: update(c, *constants), carry)
 
 
-def _block(_, state):
-    """One `_absorbed_iterations` block as a `fori_loop` body."""
-    u, v, log_kernel, a, b, rows, cols = state
-    u, v = _absorbed_iterations(log_kernel, (u, v), a, b, rows, cols)
-    return (u, v, log_kernel, a, b, rows, cols)
+@functools.cache
+def _state_body(update):
+    """The `fori_loop` body of `update` with the constants in the state
+    (the same function object for every call: see `_fori_with_constants`)."""
+
+    def body(_, state):
+        carry, constants = state
+        return update(carry, *constants), constants
+
+    return body
 
 
-def _scaling_step(_, state):
+def _block(state, log_kernel, a, b, rows, cols):
+    """One `_absorbed_iterations` block on the potentials `(u, v)`."""
+    return _absorbed_iterations(log_kernel, state, a, b, rows, cols)
+
+
+def _scaling_step(scalings, kernel, a, b, rows, cols):
     """One multiplicative Sinkhorn iteration (`_absorbed_iterations`)."""
-    s, t, kernel, a, b, rows, cols = state
+    s, t = scalings
     # Rows whose mass underflowed get a large finite scaling; the next
     # absorption recomputes them exactly in the log domain.
     # Padded rows and columns (mass 0) divide by 1, not by 1e-30: the
@@ -297,7 +320,7 @@ def _scaling_step(_, state):
     s = ops.where(rows, a / _safe_mass(row_mass, rows), 1.0)
     col_mass = ops.einsum("...ij,...i->...j", kernel, s)
     t = ops.where(cols, b / _safe_mass(col_mass, cols), 1.0)
-    return (s, t, kernel, a, b, rows, cols)
+    return s, t
 
 
 def _safe_mass(mass, valid):
@@ -328,8 +351,9 @@ def _absorbed_iterations(
     """
     u, v = state
     kernel = ops.exp(log_kernel + u[..., :, None] + v[..., None, :])
-    state = (ops.ones_like(a), ops.ones_like(b), kernel, a, b, rows, cols)
-    s, t = ops.fori_loop(0, steps, _scaling_step, state)[:2]
+    ones = (ops.ones_like(a), ops.ones_like(b))
+    constants = (kernel, a, b, rows, cols)
+    s, t = _fori_with_constants(steps, _scaling_step, ones, constants)
     return u + ops.log(s), v + ops.log(t)
 
 
