@@ -207,8 +207,10 @@ class DoublyNormalizedAttentionTest(TestCase):
             layer = kav.DoublyNormalizedAttention(**INIT, dropout=0.1)
             return layer(inputs[0], inputs[0], attention_mask=inputs[1])
 
-        # PyTorch's compiled step costs 60 s of inductor compile on a 2-core
-        # CPU: HNAS's jit test compiles the same normalization, and
+        # PyTorch's compiled step costs 60 s on a 2-core CPU, most of it
+        # Dynamo tracing Keras's train step twice (a `.grad is None` guard
+        # retraces it; "aot_eager" instead of inductor took as long): HNAS's
+        # jit test compiles the same normalization, and
         # torch_compile_graph_test traces this layer with dropout in one
         # graph; here PyTorch trains eagerly.
         jit_compile = keras.config.backend() != "torch"
