@@ -230,10 +230,12 @@ def _potentials(log_kernel, rows, cols, iterations):
     full_blocks, last_block = divmod(iterations - 1, _ABSORB_EVERY)
     if full_blocks:
         constants = (log_kernel, a, b, rows, cols)
-        u, v = _fori_with_constants(full_blocks, _block, (u, v), constants)
+        u, v = _fori_with_constants(
+            full_blocks, _absorbed_iterations, (u, v), constants
+        )
     if last_block:
         u, v = _absorbed_iterations(
-            log_kernel, (u, v), a, b, rows, cols, last_block
+            (u, v), log_kernel, a, b, rows, cols, last_block
         )
     return u, v
 
@@ -303,11 +305,6 @@ def _state_body(update):
     return body
 
 
-def _block(state, log_kernel, a, b, rows, cols):
-    """One `_absorbed_iterations` block on the potentials `(u, v)`."""
-    return _absorbed_iterations(log_kernel, state, a, b, rows, cols)
-
-
 def _scaling_step(scalings, kernel, a, b, rows, cols):
     """One multiplicative Sinkhorn iteration (`_absorbed_iterations`)."""
     s, t = scalings
@@ -335,9 +332,11 @@ def _safe_mass(mass, valid):
 
 
 def _absorbed_iterations(
-    log_kernel, state, a, b, rows, cols, steps=_ABSORB_EVERY
+    state, log_kernel, a, b, rows, cols, steps=_ABSORB_EVERY
 ):
-    """`steps` Sinkhorn iterations with the potentials absorbed.
+    """`steps` Sinkhorn iterations on the potentials `state = (u, v)`,
+    absorbed into the kernel (the state first: a `_fori_with_constants`
+    update).
 
     Exactly the log-domain updates `u = log a - logsumexp_j(M_ij + v_j)`,
     `v = log b - logsumexp_i(M_ij + u_i)`, written as multiplicative
