@@ -96,16 +96,20 @@ class TwoStreamBlock(keras.layers.Layer):
         training: bool.
 
     Returns:
-        `((g, h), z)` in two-stream mode, `(h, z)` in single-stream mode;
+        `([g, h], z)` in two-stream mode, `(h, z)` in single-stream mode;
         `z` `(B, N, T, T)` float32 are the weights the model stream used
         (relaxed or one-hot; the softmax with `model_attention="soft"`).
+        The streams are a list, and pass as one, not a tuple: Keras
+        flattens a layer's arguments and outputs with an `is not` between
+        containers that torch.compile cannot trace for two tuples (a
+        graph break at every block).
 
     Example:
 
     >>> import numpy as np
     >>> block = TwoStreamBlock(d_model=8, num_heads=2, d_ff=16)
     >>> g = h = np.random.rand(2, 5, 8).astype("float32")
-    >>> (g2, h2), z = block((g, h))
+    >>> (g2, h2), z = block([g, h])
     >>> tuple(h2.shape), tuple(z.shape)
     ((2, 5, 8), (2, 2, 5, 5))
 
@@ -424,7 +428,7 @@ class TwoStreamBlock(keras.layers.Layer):
             self.model_value(h), z, indices, mask, self.model_output
         )
         h = self._residual(h, h_update, self.model_ffn)
-        return (g, h), z
+        return [g, h], z
 
     def compute_mask(self, inputs, previous_mask):
         # The streams keep their Keras masks; `z` has none.
@@ -448,7 +452,7 @@ class TwoStreamBlock(keras.layers.Layer):
             for shape in (streams if two else [streams])
         ]
         z = keras.KerasTensor(z, "float32")
-        return (tuple(streams), z) if two else (streams[0], z)
+        return (streams, z) if two else (streams[0], z)
 
     def compute_output_shape(self, input_shape):
         """`((g, h), z)` shapes in two-stream mode, `(h, z)` in

@@ -304,7 +304,7 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         for block in self.blocks:
             if self.mode == "two_stream":
                 (g, h), z = block(
-                    (g, h),
+                    [g, h],
                     padding_mask=padding_mask,
                     view=view,
                     use_causal_mask=use_causal_mask,
