@@ -349,9 +349,11 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
     def compute_output_spec(
         self, token_ids, view=0, return_attention=False, **kwargs
     ):
-        # A functional model with a bad `view` was built, and failed only
-        # when it ran.
+        # A functional model with a bad `view`, `return_attention` or
+        # `use_causal_mask` was built, and failed only when it ran.
         check_int("view", view, low=0, high=self.num_views - 1)
+        check_bool("return_attention", return_attention)
+        check_bool("use_causal_mask", kwargs.get("use_causal_mask", False))
         shapes = self.compute_output_shape(
             token_ids.shape, return_attention=return_attention
         )

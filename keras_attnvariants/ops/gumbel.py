@@ -49,9 +49,13 @@ def _temperature(temperature, scores_shape):
     None and strings failed in the backend). A tensor (e.g. a schedule's
     variable) is floored at `MIN_TEMPERATURE`, as the layer floors its
     own: its value is not known when tracing, and a 0 gave NaN weights.
+    So is a number: at 1e-38, `(s + g) / temperature` overflowed to inf
+    (NaN weights), and below 1e-20 the mask fill rose above valid keys
+    (a row of zeros).
     """
     if is_python_value(temperature):
-        return ops.cast(check_float("temperature", temperature), "float32")
+        temperature = check_float("temperature", temperature)
+        return ops.cast(max(temperature, MIN_TEMPERATURE), "float32")
     check_broadcastable(
         "temperature", static_shape(temperature), scores_shape, "`scores`"
     )
@@ -309,9 +313,10 @@ def relaxed_sample(scores, noise, temperature=1.0, mask=None):
         scores: tensor `(..., T, S)` of attention logits.
         noise: float32 Gumbel noise broadcastable to `scores`, e.g. from
             `gumbel_noise`. Zero noise gives the tempered softmax.
-        temperature: float > 0 (Python or NumPy), or a scalar tensor,
-            floored at `MIN_TEMPERATURE` (its value is unknown when
-            tracing; a 0 gave NaN weights).
+        temperature: float > 0 (Python or NumPy), or a scalar tensor;
+            either is floored at `MIN_TEMPERATURE` (a tensor's value is
+            unknown when tracing; a 0 gave NaN weights, a float of 1e-38
+            too).
         mask: optional boolean tensor broadcastable to `scores`, `True` =
             may attend.
 
@@ -336,9 +341,8 @@ def relaxed_logits(scores, noise, temperature=1.0, mask=None):
     `-2e9 / temperature` (at most `MASK_FILL`): below every valid entry,
     whose scores are clamped to `+-1e9` before the division, so a low
     temperature cannot push valid keys under the masked ones (a fixed
-    `MASK_FILL` did at `|s| / temperature > 1e9`). Python temperatures
-    below `1e-20` get the fill of `1e-20`; tensor temperatures are floored
-    at `MIN_TEMPERATURE`.
+    `MASK_FILL` did at `|s| / temperature > 1e9`). Temperatures are
+    floored at `MIN_TEMPERATURE`.
     """
     scores_shape = static_shape(scores)
     if noise is None:
@@ -352,9 +356,7 @@ def relaxed_logits(scores, noise, temperature=1.0, mask=None):
     logits = _clamp_logits(ops.cast(scores, "float32"))
     y = (logits + ops.cast(noise, "float32")) / temperature
     if mask is not None:
-        fill = ops.minimum(
-            MASK_FILL, -2.0 * LOGIT_BOUND / ops.maximum(temperature, 1e-20)
-        )
+        fill = ops.minimum(MASK_FILL, -2.0 * LOGIT_BOUND / temperature)
         mask_b = ops.broadcast_to(ops.cast(mask, "bool"), ops.shape(y))
         y = ops.where(mask_b, y, fill)
     return y

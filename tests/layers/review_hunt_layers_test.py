@@ -146,6 +146,15 @@ class SymbolicCallValidationTest(TestCase, parameterized.TestCase):
         )(tokens, view=1)
         self.assertEqual(tuple(out.shape), (None, None, 8))
 
+    def test_two_stream_encoder_functional_bad_flags_raise(self):
+        # Built without complaint, they failed only when the model ran.
+        tokens = keras.Input((None,), dtype="int32")
+        encoder = TwoStreamEncoder(10, 6, 1, d_model=8, num_heads=2, d_ff=16)
+        with self.assertRaisesRegex(ValueError, "`return_attention` must"):
+            encoder(tokens, return_attention=1)
+        with self.assertRaisesRegex(ValueError, "`use_causal_mask` must"):
+            encoder(tokens, use_causal_mask="no")
+
 
 class TwoStreamBlockBuildTest(TestCase):
     def test_failed_build_leaves_no_variable_behind(self):

@@ -64,6 +64,22 @@ class ReceptiveFieldTest(TestCase):
         self.assertAllClose(rf.receptive_field_union_size(fields), [2.0])
         self.assertAllClose(rf.receptive_field_mean_size(fields, valid), [1.5])
 
+    def test_sizes_reject_fields_not_batch_by_square(self):
+        # One example's (T, T) fields were read as T examples of T
+        # positions; a (L, B, T, T) stack failed in the backend.
+        fields = ops.convert_to_numpy(rf.receptive_fields([np.eye(3)[None]]))
+        for size in (
+            rf.receptive_field_union_size,
+            rf.receptive_field_mean_size,
+        ):
+            for bad in (fields[0], fields[None], fields[:, :2]):
+                with self.assertRaisesRegex(ValueError, "`fields` must be"):
+                    size(bad)
+            self.assertAllClose(
+                size(fields),
+                [3.0 if size is rf.receptive_field_union_size else 1.0],
+            )
+
     def test_precision_recall(self):
         pred = np.array([[[1, 1, 0], [0, 1, 1], [0, 0, 1]]], bool)
         true = np.array([[[1, 0, 0], [0, 1, 1], [1, 0, 1]]], bool)

@@ -102,6 +102,19 @@ class GumbelTest(TestCase):
 
         self.assertEqual(gumbel.MIN_TEMPERATURE, gda.MIN_TEMPERATURE)
 
+    def test_tiny_python_temperature_is_floored(self):
+        # 1e-38 overflowed `(s + g) / temperature` to inf (NaN weights);
+        # below 1e-20 the mask fill rose above the valid keys (all zeros).
+        scores = np.array([[1.0, 2.0, 3.0], [-1e8, -1e8, 0.0]], "float32")
+        mask = np.array([[True, True, True], [True, True, False]])
+        want = _numpy(
+            kops.relaxed_sample(scores, 0.0, gumbel.MIN_TEMPERATURE, mask)
+        )
+        self.assertAllClose(want, [[0, 0, 1], [0.5, 0.5, 0]])
+        for tiny in (1e-38, 1e-25, np.float32(1e-30)):
+            got = _numpy(kops.relaxed_sample(scores, 0.0, tiny, mask))
+            self.assertAllClose(got, want)
+
     def test_numpy_seed(self):
         # keras.random rejected NumPy ints.
         self.assertAllClose(
