@@ -355,10 +355,14 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         **kwargs,
     ):
         attention_axes = kwargs.get("attention_axes")
-        if attention_axes not in (None, 1, (1,), [1]):
+        if attention_axes in (-2, (-2,), [-2]):
+            # The sequence axis of the `(B, T, dim)` inputs, counted from
+            # the end (Keras MHA takes it).
+            kwargs["attention_axes"] = (1,)
+        elif attention_axes not in (None, 1, (1,), [1]):
             raise ValueError(
                 f"{type(self).__name__} supports attention over one sequence "
-                "axis only: `attention_axes` must be None or (1,). "
+                "axis only: `attention_axes` must be None, (1,) or (-2,). "
                 f"Received: attention_axes={attention_axes!r}"
             )
         if kwargs.get("flash_attention"):
@@ -632,12 +636,18 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         """Whether a subclass changed `normalize` below the class that
         implements `normalize_and_attend` (e.g. a user subclass of
         `DoublyNormalizedAttention`): the folded path would bypass it."""
+        return self._overridden_below("normalize_and_attend", ("normalize",))
+
+    def _overridden_below(self, implementer, methods):
+        """Whether a subclass changed one of `methods` below the class
+        that defines the method `implementer`."""
         owner = next(
-            cls
-            for cls in type(self).__mro__
-            if "normalize_and_attend" in vars(cls)
+            cls for cls in type(self).__mro__ if implementer in vars(cls)
         )
-        return type(self).normalize is not owner.normalize
+        return any(
+            getattr(type(self), name) is not getattr(owner, name)
+            for name in methods
+        )
 
     def attention_logits(self, query, key):
         """float32 scores `(B, N, T, S)` (float64 under a float64 policy),
@@ -701,6 +711,14 @@ class VariantAttention(keras.layers.MultiHeadAttention):
 
     def _use_fused(self, need_weights):
         if need_weights or self.attention_path == "explicit":
+            return False
+        # A fused kernel computes its class's own logits and weights: a
+        # subclass that changes `normalize` or `attention_logits` (and not
+        # `fused_attention`) got them only where the weights were
+        # materialized, plain inference on PyTorch ran the parent's.
+        if self._overridden_below(
+            "fused_attention", ("normalize", "attention_logits")
+        ):
             return False
         if self.attention_path == "fused":
             return True

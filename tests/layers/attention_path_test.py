@@ -172,15 +172,31 @@ class FoldedPathTest(TestCase):
             # Dropout multiplies the folded operand (`keep=`).
             dropped(x, x, training=True)
 
-    @parameterized.parameters(DoublyNormalizedAttention, HybridAttention)
-    def test_subclass_overriding_normalize_is_not_bypassed(self, cls):
-        class Sharpened(cls):
-            def normalize(self, scores, mask):
-                return super().normalize(3.0 * scores, mask)
+    @parameterized.product(
+        cls=(DoublyNormalizedAttention, HybridAttention),
+        path=("explicit", "fused", "auto"),
+        override=("normalize", "attention_logits"),
+    )
+    def test_subclass_overriding_normalize_is_not_bypassed(
+        self, cls, path, override
+    ):
+        # The fused kernels computed the parent's logits and weights:
+        # plain inference on PyTorch ("auto") ignored the subclass.
+        if override == "normalize":
+
+            class Sharpened(cls):
+                def normalize(self, scores, mask):
+                    return super().normalize(3.0 * scores, mask)
+
+        else:
+
+            class Sharpened(cls):
+                def attention_logits(self, query, key):
+                    return 3.0 * super().attention_logits(query, key)
 
         x = np.random.default_rng(6).normal(size=(2, 4, 6)).astype("float32")
         base, sharp = (
-            k(num_heads=2, key_dim=3, attention_path="explicit", seed=1)
+            k(num_heads=2, key_dim=3, attention_path=path, seed=1)
             for k in (cls, Sharpened)
         )
         base(x, x)

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 from absl.testing import parameterized
+from keras import ops
 
 import keras_attnvariants as kav
 from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
@@ -78,6 +79,20 @@ class ConstructorTest(TestCase):
         self.assertEqual(tuple(out.shape), (2, 3, 3, 2))
         clone = kav.DoublyNormalizedAttention.from_config(layer.get_config())
         self.assertEqual(tuple(clone(_x(), _x()).shape), (2, 3, 3, 2))
+
+    @parameterized.parameters(*LAYERS)
+    def test_attention_axes_minus_two_is_the_sequence_axis(self, name):
+        # Keras MHA takes it for `(B, T, dim)` inputs; it was refused.
+        x = _x()
+        plain = LAYERS[name](2, 2, seed=1)
+        want = ops.convert_to_numpy(plain(x, x))
+        for axes in (-2, (-2,), [-2]):
+            layer = LAYERS[name](2, 2, seed=1, attention_axes=axes)
+            layer(x, x)
+            layer.set_weights(plain.get_weights())
+            self.assertAllClose(ops.convert_to_numpy(layer(x, x)), want)
+            clone = LAYERS[name].from_config(layer.get_config())
+            self.assertEqual(tuple(clone(x, x).shape), want.shape)
 
     def test_attention_axes_message_shows_the_repr(self):
         with self.assertRaisesRegex(ValueError, "attention_axes='x'"):
