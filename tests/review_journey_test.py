@@ -289,6 +289,15 @@ class SmallerFindingsTest(TestCase):
             key_query_mmd(model, batch)
         with self.assertRaisesRegex(ValueError, "dataset.*dict"):
             key_query_mmd(model, {"x": batch})
+        # One `(inputs, labels)` batch ran the labels through the model as
+        # a second batch, into the total.
+        labels = np.ones((2, 5, 8))
+        with self.assertRaisesRegex(ValueError, r"\[\(inputs, labels\)\]"):
+            key_query_mmd(model, (batch, labels))
+        self.assertAllClose(
+            key_query_mmd(model, [(batch, labels)])["total"],
+            key_query_mmd(model, [batch])["total"],
+        )
 
     def test_variant_attention_base_class_says_what_to_do(self):
         layer = kav.layers.VariantAttention(2, 4)

@@ -134,8 +134,36 @@ def _check_attention_class(attention_class):
 
 # MultiHeadAttention arguments that set the shapes (or the presence) of
 # the projection weights the converted layers take over.
-_WEIGHT_SHAPE_ARGUMENTS = ("num_heads", "key_dim", "value_dim", "use_bias")
+_WEIGHT_SHAPE_ARGUMENTS = (
+    "num_heads",
+    "key_dim",
+    "value_dim",
+    "use_bias",
+    "output_shape",
+)
 _WEIGHT_PRESENCE_ARGUMENTS = ("use_gate",)
+
+
+def _output_dims(output_shape):
+    """`output_shape` as MultiHeadAttention's trailing output dims (a
+    tuple), or None for the query's last dimension; `ValueError` naming
+    it otherwise."""
+    if output_shape is None:
+        return None
+    if isinstance(output_shape, numbers.Integral) and not isinstance(
+        output_shape, bool
+    ):
+        return (int(output_shape),)
+    if isinstance(output_shape, (tuple, list)) and all(
+        isinstance(dim, numbers.Integral) and not isinstance(dim, bool)
+        for dim in output_shape
+    ):
+        return tuple(int(dim) for dim in output_shape)
+    raise ValueError(
+        "`output_shape` must be None, an int or a tuple of ints (the "
+        "output's trailing dimensions). "
+        f"Received: output_shape={output_shape!r}"
+    )
 
 
 def _check_weight_shape_kwargs(backbone, attention_kwargs):
@@ -149,10 +177,17 @@ def _check_weight_shape_kwargs(backbone, attention_kwargs):
         old = layer.get_config()
         new = dict(old)
         new.update({k: v for k, v in attention_kwargs.items() if k in old})
+        # The output projection's trailing dims: None (the query's last
+        # dimension, the backbone's hidden size) keeps them; another size
+        # failed on a variable's shape, naming no argument.
+        output_dims = tuple(layer._output_dense.kernel.shape[2:])
         for config in (old, new):
             # MultiHeadAttention's default: values as wide as keys.
             if "value_dim" in config and not config["value_dim"]:
                 config["value_dim"] = config["key_dim"]
+            if "output_shape" in config:
+                dims = _output_dims(config["output_shape"])
+                config["output_shape"] = output_dims if dims is None else dims
         for name in names:
             if name not in old or new[name] == old[name]:
                 continue
@@ -714,8 +749,9 @@ def convert_backbone(
             (e.g. `hybrid_init=0.0`), except `name` and `dtype`
             (`ValueError`: every converted layer keeps the name and dtype
             policy of the layer it replaces). `num_heads`, `key_dim`,
-            `value_dim`, `use_bias` and `use_gate` must equal the
-            backbone's (`ValueError` otherwise: its weights would not
+            `value_dim`, `use_bias`, `output_shape` (None, the default,
+            means the backbone's hidden size) and `use_gate` must equal
+            the backbone's (`ValueError` otherwise: its weights would not
             fit). `trainable` must be a bool. An int `seed` seeds the
             `i`-th converted layer with `(seed + i) % 2**31`, so that
             layers do not share dropout masks or Gumbel noise.

@@ -85,10 +85,17 @@ def random_bert(vocabulary_size, sequence_length, seed=0):
 def first_layers(backbone, num_layers):
     """A copy of `backbone` that keeps only its first `num_layers` blocks.
 
-    The copy has the same class and configuration except `num_layers`;
-    its embeddings, first blocks and pooler hold the original's weights and
-    `trainable` flags, copied by path. A quick way to make a pretrained encoder
-    cheap for smoke runs.
+    The copy has the same class and configuration except `num_layers`
+    (and ALBERT's `num_groups`); its embeddings, first blocks and pooler
+    hold the original's weights and `trainable` flags, copied by path, so
+    its layers compute what the original's first `num_layers` do. A quick
+    way to make a pretrained encoder cheap for smoke runs.
+
+    ALBERT with `num_groups > 1` runs each group of shared blocks
+    `num_layers // num_groups` times in a row, and keras-hub needs every
+    group run equally often: the copy keeps only the groups its layers use,
+    so `num_layers` must be at most one group's run or a whole number of
+    runs (1, 2 or 4 for 4 layers in 2 groups).
 
     Args:
         backbone: a keras-hub backbone whose config has `num_layers`
@@ -100,7 +107,8 @@ def first_layers(backbone, num_layers):
 
     Raises:
         ValueError: if `backbone` is not a keras-hub backbone with
-            `num_layers` (e.g. None), or `num_layers` is out of range.
+            `num_layers` (e.g. None), or `num_layers` is out of range or
+            not representable with ALBERT's groups.
     """
     keras_hub = import_keras_hub()
     if not isinstance(backbone, keras_hub.models.Backbone) or not isinstance(
@@ -115,6 +123,10 @@ def first_layers(backbone, num_layers):
     num_layers = check_int("num_layers", num_layers, high=backbone.num_layers)
     config = backbone.get_config()
     config["num_layers"] = num_layers
+    if config.get("num_groups", 1) > 1:
+        config["num_groups"] = _first_groups(
+            num_layers, backbone.num_layers, config["num_groups"]
+        )
     truncated = type(backbone).from_config(config)
     source = {variable.path: variable for variable in backbone.weights}
     for variable in truncated.weights:
@@ -123,3 +135,27 @@ def first_layers(backbone, num_layers):
         variable.assign(ops.copy(source[variable.path]))
     copy_trainable_by_path(backbone, truncated)
     return truncated
+
+
+def _first_groups(num_layers, total_layers, num_groups):
+    """ALBERT's `num_groups` for its first `num_layers` layers.
+
+    Layer `d` of the original runs group `d // run` (`run` layers per
+    group). Only the groups used are kept; keras-hub runs each of them
+    equally often, so `num_layers` must fit in one run or fill whole runs.
+    Keeping `num_layers` with all groups ran groups 1, 2, ... where the
+    original still ran group 0 (or failed in keras-hub).
+    """
+    run = total_layers // num_groups
+    if num_layers <= run:
+        return 1
+    if num_layers % run:
+        allowed = list(range(1, run + 1))
+        allowed += list(range(2 * run, total_layers + 1, run))
+        raise ValueError(
+            f"`num_layers` must be one of {allowed} for an ALBERT backbone "
+            f"of {total_layers} layers in {num_groups} groups (each group "
+            f"runs {run} layers in a row, and every kept group must run "
+            f"equally often). Received: num_layers={num_layers}"
+        )
+    return num_layers // run

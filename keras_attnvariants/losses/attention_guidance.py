@@ -89,12 +89,16 @@ def guidance_alpha(step, alpha, decay_steps=None, warm_steps=0):
     return alpha * (1.0 - progress)
 
 
-def _normalize_head_map(head_map, allow_empty):
+def _normalize_head_map(head_map, allow_empty, per_layer_allowed=True):
     if not isinstance(head_map, dict) or (not head_map and not allow_empty):
+        lists = (
+            " or a list of such dicts (one per layer)"
+            if per_layer_allowed
+            else ""
+        )
         raise ValueError(
             "`head_patterns` must be a non-empty dict {head_index: "
-            "pattern_name} or a list of such dicts (one per layer). "
-            f"Received: head_patterns={head_map!r}"
+            f"pattern_name}}{lists}. Received: head_patterns={head_map!r}"
         )
     normalized = {}
     for head, name in head_map.items():
@@ -214,7 +218,9 @@ class AttentionGuidanceRegularizer(AttentionLoss):
         decay_steps: int >= 1 or `None`. Steps of the linear decay to 0
             after the warm period. Defaults to `None` (constant).
         warm_steps: int >= 0. Steps of constant `alpha` first. Defaults to
-            `0`.
+            `0`. Steps are training forward passes: with an optimizer's
+            `gradient_accumulation_steps=k`, `k` per update, so multiply
+            both by `k` to count updates.
         reduction: `"sum"` (paper) or `"mean"` (reference code). Defaults
             to `"sum"`.
         edge_rows: `"uniform"` (paper) or `"zero"` (reference code): the
@@ -506,7 +512,10 @@ class AttentionGuidanceRegularizer(AttentionLoss):
             return ops.zeros((), "float32")
         # valid: (B, T). A (1, T) mask is broadcast to the batch: "mean"
         # divided the batch's squared errors by one example's pairs.
-        valid = ops.ones_like(weights[:, 0, 0, :], dtype="bool")
+        # From the shape, not `weights[:, 0, 0, :]`: that slice failed on
+        # an empty sequence (T = 0).
+        weights_shape = ops.shape(weights)
+        valid = ops.ones((weights_shape[0], weights_shape[3]), "bool")
         if padding_mask is not None:
             valid = ops.logical_and(valid, ops.cast(padding_mask, "bool"))
         valid_f = ops.cast(valid, "float32")
@@ -605,7 +614,8 @@ def guidance_attention_bias(
         token_ids, delimiter_ids, period_id, edge_rows: as in
             `AttentionGuidanceRegularizer`.
     """
-    head_map = _normalize_head_map(head_patterns, False)
+    # One layer's bias: a list of per-layer dicts is no form of it.
+    head_map = _normalize_head_map(head_patterns, False, False)
     num_heads = check_int("num_heads", num_heads)
     if is_python_value(strength):
         # Numbers are checked; a tensor or `keras.Variable` (an annealed or

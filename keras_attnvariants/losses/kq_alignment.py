@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.ops.gradient_reversal import gradient_reversal
+from keras_attnvariants.ops.transport import check_epsilon
 from keras_attnvariants.ops.transport import conditional_transport_cost
 from keras_attnvariants.ops.transport import cosine_cost
 from keras_attnvariants.ops.transport import gaussian_mmd
@@ -234,7 +235,7 @@ class KQAlignment(AttentionLoss):
             insensitive over 0.01..1). Defaults to `0.01`.
         hidden_dim: int or `None`. Width of the adversary / navigator
             layers; `None` uses the head size `H`. Defaults to `None`.
-        epsilon: float > 0. Sinkhorn regularization (`"ot"`). Defaults to
+        epsilon: float >= 1e-6. Sinkhorn regularization (`"ot"`). Defaults to
             `0.01`.
         iterations: int >= 1. Sinkhorn iterations (`"ot"`). Defaults to
             `100`.
@@ -316,7 +317,7 @@ class KQAlignment(AttentionLoss):
         weight = check_float("weight", weight, 0.0, True)
         if hidden_dim is not None:
             hidden_dim = check_int("hidden_dim", hidden_dim)
-        epsilon = check_float("epsilon", epsilon)
+        epsilon = check_epsilon(epsilon)
         iterations = check_int("iterations", iterations)
         bandwidth = check_float("bandwidth", bandwidth)
         rho = check_float("rho", rho, 0.0, True)

@@ -110,7 +110,8 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
         model: a Keras model (or layer) containing attention layers.
         dataset: iterable of batches: model inputs (a list is the inputs
             of a multi-input model), or `(inputs, ...)` tuples. Not one
-            batch itself.
+            batch itself (`ValueError` for an array, a dict, a tensor or
+            a tuple of them).
         bandwidth: float > 0. Gaussian kernel width. Defaults to `1.0`
             (the paper's standard kernel).
         max_batches: optional int >= 1, stop after this many batches.
@@ -151,6 +152,18 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
             "`dataset` must be an iterable of batches (e.g. a list of "
             "input dicts or a `tf.data.Dataset`); for one batch of inputs "
             f"pass `[inputs]`. Received: {received}"
+        )
+    if isinstance(dataset, tuple) and any(
+        isinstance(item, (dict, np.ndarray)) or ops.is_tensor(item)
+        for item in dataset
+    ):
+        # One `(inputs, labels)` batch was iterated as two batches: the
+        # labels went through the model and into the total.
+        raise ValueError(
+            "`dataset` must be an iterable of batches; a tuple of arrays "
+            "reads as one `(inputs, labels)` batch: pass `[(inputs, "
+            "labels)]` for it, or a list of batches. Received: a tuple of "
+            f"{len(dataset)} {', '.join(type(i).__name__ for i in dataset)}"
         )
     if max_batches is not None:
         max_batches = check_int("max_batches", max_batches)

@@ -451,6 +451,7 @@ class KQAlignmentTest(TestCase):
         ("weight_string", {"weight": "0.01"}, "weight"),
         ("rho", {"rho": 1.5}, "rho"),
         ("epsilon", {"epsilon": 0}, "epsilon"),
+        ("epsilon_tiny", {"epsilon": 1e-10}, r"`epsilon` must be .*>= 1e-06"),
         ("match_over", {"match_over": "layers"}, "match_over"),
         ("gan_loss", {"method": "gan", "gan_loss": "wgan"}, "gan_loss"),
         (

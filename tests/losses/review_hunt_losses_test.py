@@ -5,6 +5,7 @@ from keras_attnvariants.losses.attention_guidance import (
     AttentionGuidanceRegularizer,
 )
 from keras_attnvariants.losses.attention_guidance import guidance_alpha
+from keras_attnvariants.losses.attention_guidance import guidance_attention_bias
 from keras_attnvariants.testing.test_case import TestCase
 
 
@@ -44,6 +45,21 @@ class GuidanceReviewTest(TestCase):
         kwargs = {"alpha": 1.0, **kwargs}
         with self.assertRaisesRegex(ValueError, message):
             guidance_alpha(0, **kwargs)
+
+    @parameterized.parameters("sum", "mean")
+    def test_empty_sequence_gives_zero(self, reduction):
+        # The valid-token mask sliced `weights[:, 0, 0, :]`, which failed
+        # for T = 0 (an empty batch gave 0, as KQAlignment does for both).
+        term = AttentionGuidanceRegularizer(
+            {0: "next"}, alpha=1.0, reduction=reduction, track_metric=False
+        )
+        for shape in ((1, 2, 0, 0), (0, 2, 3, 3)):
+            self.assertAllClose(term(np.zeros(shape, "float32")), 0.0)
+
+    def test_bias_message_offers_only_its_own_form(self):
+        # It listed "a list of such dicts (one per layer)", then refused one.
+        with self.assertRaisesRegex(ValueError, r"pattern_name\}\. Received"):
+            guidance_attention_bias([{0: "next"}], 2, np.ones((1, 3), bool))
 
     def test_guidance_alpha_numpy_scalars(self):
         self.assertAllClose(

@@ -154,6 +154,8 @@ class SinkhornTest(TestCase):
         ("epsilon", {"epsilon": 0.0}, "epsilon"),
         ("epsilon_nan", {"epsilon": float("nan")}, "epsilon"),
         ("epsilon_inf", {"epsilon": float("inf")}, "epsilon"),
+        # float32 lost the plan's marginals: it summed to 2e6 at 1e-10.
+        ("epsilon_tiny", {"epsilon": 1e-7}, r"`epsilon` must be .*>= 1e-06"),
         ("iterations", {"iterations": 0}, "iterations"),
         ("iterations_float", {"iterations": 2.5}, "iterations"),
         # `"false"` normalized the cost (a truthy string).
@@ -167,6 +169,17 @@ class SinkhornTest(TestCase):
     def test_invalid_arguments(self, kwargs, name):
         with self.assertRaisesRegex(ValueError, name):
             transport.sinkhorn_plan(np.zeros((2, 2), "float32"), **kwargs)
+
+    def test_smallest_epsilon_keeps_the_marginals(self):
+        # The column marginals are exact in exact arithmetic; at the
+        # floor float32 keeps them within 1% (5% at 1e-7, now refused).
+        x, y = clouds(0, 8, 7, shift=0.5)
+        cost = transport.squared_euclidean_cost(x, y)
+        plan = ops.convert_to_numpy(
+            transport.sinkhorn_plan(cost, transport.MIN_EPSILON)
+        )
+        self.assertAllClose(plan.sum(0), np.full(7, 1 / 7), rtol=0.02)
+        self.assertAllClose(plan.sum(), 1.0, atol=0.01)
 
     def test_numpy_scalar_arguments(self):
         x, y = clouds(7, 4, 5)
