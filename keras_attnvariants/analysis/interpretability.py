@@ -82,7 +82,7 @@ def gradient_importance(predict, embeddings):
                 "`predict` must return logits `(batch, classes)`. "
                 f"Received: shape={tuple(logits.shape)}"
             )
-        return ops.sum(ops.max(logits, axis=-1))
+        return ops.sum(ops.amax(logits, axis=-1))
 
     backend = keras.backend.backend()
     if backend == "tensorflow":
