@@ -85,8 +85,9 @@ class TwoStreamBlock(keras.layers.Layer):
         **kwargs: `keras.layers.Layer` arguments.
 
     Call arguments:
-        inputs: `(g, h)`, each `(B, T, d_model)`, or `h` alone in
-            `"single_stream"` mode.
+        inputs: `[g, h]`, each `(B, T, d_model)`, or `h` alone in
+            `"single_stream"` mode (a tuple `(g, h)` works too, but is a
+            graph break under torch.compile: see Returns).
         padding_mask: optional `(B, T)` booleans, `True` = real token.
             Without it, the inputs' Keras masks (e.g. from
             `Embedding(mask_zero=True)`) are used; they are passed on to
