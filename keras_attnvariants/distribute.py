@@ -40,7 +40,9 @@ def split_cpu(num_devices):
 
     Must run before TensorFlow initializes its devices (before any op,
     model or `pick_strategy()`); used to test multi-replica training on a
-    CPU-only machine. Calling it again with the same number is a no-op.
+    CPU-only machine. Calling it again with the same number is a no-op,
+    and so is asking for the number TensorFlow already set up (1 by
+    default) after its devices started.
 
     Raises:
         ValueError: if `num_devices` is not an int >= 1.
@@ -56,6 +58,11 @@ def split_cpu(num_devices):
             [tf.config.LogicalDeviceConfiguration()] * num_devices,
         )
     except RuntimeError as error:
+        # Already initialized as asked (e.g. 1 device, the default, in a
+        # notebook that ran a TensorFlow op): nothing to change.
+        current = tf.config.list_logical_devices("CPU")
+        if len(current) == num_devices:
+            return current
         # TensorFlow's message names neither this function nor the fix.
         raise RuntimeError(
             "split_cpu() must run before TensorFlow initializes its devices "

@@ -284,6 +284,30 @@ def test_split_cpu_after_tensorflow_started_names_the_fix():
     assert "2 logical CPU device(s)" in error and "num_devices=3" in error
 
 
+ONE_DEVICE_AFTER_START = """
+import json
+import tensorflow as tf
+from keras_attnvariants import distribute
+tf.constant(1.0)  # as in a notebook that ran an op first
+one = len(distribute.split_cpu(1))
+try:
+    distribute.split_cpu(2)
+    error = None
+except RuntimeError as e:
+    error = str(e)
+print(json.dumps([one, error]))
+"""
+
+
+@on_tf
+def test_split_cpu_asking_for_the_default_after_start_is_a_no_op():
+    # `demo.run(cpu_replicas=1)` raised in such a process: "they are
+    # already set up as 1 logical CPU device(s). Received: num_devices=1".
+    one, error = run_json_script(ONE_DEVICE_AFTER_START, timeout=300)
+    assert one == 1
+    assert "1 logical CPU device(s)" in error and "num_devices=2" in error
+
+
 GUMBEL_REPLICAS = """
 import json
 from keras_attnvariants import distribute
