@@ -231,7 +231,7 @@ def _plan(
     # log_kernel: (..., n, m); masked pairs at MASK_FILL.
     log_kernel = ops.where(valid, -cost / epsilon, MASK_FILL)
     if fused:
-        u, v = _fused_potentials(log_kernel, rows, cols, iterations, epsilon)
+        u, v = _fused_potentials(log_kernel, rows, cols, iterations)
     else:
         u, v = _potentials(log_kernel, rows, cols, iterations)
     plan = ops.exp(log_kernel + u[..., :, None] + v[..., None, :])
@@ -262,17 +262,16 @@ def _potentials(log_kernel, rows, cols, iterations):
     return u, v
 
 
-def _fused_potentials(log_kernel, rows, cols, iterations, epsilon):
+def _fused_potentials(log_kernel, rows, cols, iterations):
     """`_potentials` through the fused GPU kernel where it applies: under
-    JAX, for matrices that fit it and `epsilon >= 1e-6`, in programs
-    lowered for CUDA (the same program lowered for another platform runs
-    `_potentials`). No gradient flows through it: callers pass a
-    gradient-free `log_kernel`."""
+    JAX, for matrices that fit it, in programs lowered for CUDA (the same
+    program lowered for another platform runs `_potentials`). No gradient
+    flows through it: callers pass a gradient-free `log_kernel`. Its
+    `epsilon` is at least `MIN_EPSILON` (`check_epsilon`), so `-cost /
+    epsilon` stays above the kernel's padding fill."""
     shape = static_shape(log_kernel)
     if (
         keras.config.backend() != "jax"
-        # Below 1e-6 `-cost / epsilon` could reach the kernel's padding fill.
-        or epsilon < 1e-6
         or not fused_sinkhorn.enabled()
         or shape is None
         or not fused_sinkhorn.fits(shape[-2], shape[-1])
@@ -392,7 +391,7 @@ def sinkhorn_cost(
 
     Under JAX, in a program compiled for an NVIDIA GPU, the iterations run
     in one fused kernel per matrix for matrices of at most 32,768 entries
-    after padding each side to a power of two, and `epsilon >= 1e-6`
+    after padding each side to a power of two
     (`keras_attnvariants.ops.fused_sinkhorn`; same arithmetic;
     `KERAS_ATTNVARIANTS_FUSED_SINKHORN=0` turns it off).
     """

@@ -156,8 +156,9 @@ class FusedSinkhornDispatchTest(TestCase):
         program = lowered_program(ot_cost, *self.args(n=200, m=300))
         self.assertFalse(holds_kernel(program))
 
-    def test_tiny_epsilon_takes_the_generic_path(self):
-        # Below 1e-6, `-cost / epsilon` could reach the padding fill.
+    def test_smallest_epsilon_takes_the_kernel_and_below_is_refused(self):
+        # Below 1e-6 `-cost / epsilon` could reach the padding fill; such
+        # an `epsilon` is refused (float32 lost the plan's marginals).
         def cost_at(epsilon):
             def fn(q, k, q_mask, k_mask):
                 cost = transport.squared_euclidean_cost(q, k)
@@ -169,7 +170,8 @@ class FusedSinkhornDispatchTest(TestCase):
 
         args = self.args()
         self.assertTrue(holds_kernel(lowered_program(cost_at(1e-6), *args)))
-        self.assertFalse(holds_kernel(lowered_program(cost_at(1e-7), *args)))
+        with self.assertRaisesRegex(ValueError, "`epsilon` must be"):
+            lowered_program(cost_at(1e-7), *args)
 
     def test_differentiable_plan_keeps_the_generic_path(self):
         # `sinkhorn_plan` differentiates through its iterations; the
