@@ -124,6 +124,11 @@ class TwoStreamBlockTest(TestCase):
         rows = np.broadcast_to(valid[:, None, :], (2, 2, 5))
 
         def sample(**kwargs):
+            # `seed` seeds the noise; the weights came from Keras's global
+            # generator, so the tests run before this one chose them (with
+            # some, two keys' logits lie within 2e-3: a maximum of 0.85
+            # at temperature 1e-3 failed a CI run).
+            keras.utils.set_random_seed(0)
             block = TwoStreamBlock(8, 2, 16, seed=1, **kwargs)
             _, z = block((g, h), padding_mask=valid, training=True)
             return ops.convert_to_numpy(z)
