@@ -1,10 +1,13 @@
 """`KQAlignment`: match each head's key and query distributions."""
 
+import warnings
+
 import keras
 from keras import ops
 
 from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.ops.gradient_reversal import gradient_reversal
+from keras_attnvariants.ops.transport import MIN_EPSILON
 from keras_attnvariants.ops.transport import check_epsilon
 from keras_attnvariants.ops.transport import conditional_transport_cost
 from keras_attnvariants.ops.transport import cosine_cost
@@ -235,7 +238,8 @@ class KQAlignment(AttentionLoss):
             insensitive over 0.01..1). Defaults to `0.01`.
         hidden_dim: int or `None`. Width of the adversary / navigator
             layers; `None` uses the head size `H`. Defaults to `None`.
-        epsilon: float >= 1e-6. Sinkhorn regularization (`"ot"`). Defaults to
+        epsilon: float > 0, >= 1e-6 with `"ot"`. Sinkhorn regularization
+            (`"ot"`; in units of the normalized cost). Defaults to
             `0.01`.
         iterations: int >= 1. Sinkhorn iterations (`"ot"`). Defaults to
             `100`.
@@ -317,7 +321,13 @@ class KQAlignment(AttentionLoss):
         weight = check_float("weight", weight, 0.0, True)
         if hidden_dim is not None:
             hidden_dim = check_int("hidden_dim", hidden_dim)
-        epsilon = check_epsilon(epsilon)
+        # The floor only where it is read: `"ot"` (a small unused
+        # `epsilon` of another method loaded as before).
+        epsilon = (
+            check_epsilon(epsilon)
+            if method == "ot"
+            else check_float("epsilon", epsilon)
+        )
         iterations = check_int("iterations", iterations)
         bandwidth = check_float("bandwidth", bandwidth)
         rho = check_float("rho", rho, 0.0, True)
@@ -724,6 +734,27 @@ class KQAlignment(AttentionLoss):
         else:
             count = ops.sum(groups)
         return self.weight * total / ops.maximum(count, 1.0)
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        epsilon = config.get("epsilon")
+        if (
+            config.get("method", "ct") == "ot"
+            and isinstance(epsilon, float)
+            and 0.0 < epsilon < MIN_EPSILON
+        ):
+            # Saved before the floor: loaded (for serving, where the term
+            # does not run) with the smallest `epsilon` that keeps the
+            # plan's marginals, not refused.
+            warnings.warn(
+                f"KQAlignment: epsilon={epsilon} in a saved config is below "
+                f"{MIN_EPSILON}, where a float32 Sinkhorn plan loses its "
+                f"marginals; loading it with epsilon={MIN_EPSILON}.",
+                stacklevel=2,
+            )
+            config["epsilon"] = MIN_EPSILON
+        return super().from_config(config)
 
     def get_config(self):
         config = super().get_config()

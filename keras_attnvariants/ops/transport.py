@@ -170,10 +170,12 @@ def sinkhorn_plan(
 
     Args:
         cost: tensor `(..., n, m)`.
-        epsilon: float >= 1e-6 (`MIN_EPSILON`; below it float32 loses
-            the plan's marginals). Entropic regularization, in units of
-            the normalized cost when `normalize_cost=True`. Defaults to
-            `0.01` (paper).
+        epsilon: float > 0. Entropic regularization, in units of the
+            normalized cost when `normalize_cost=True`, where it must be
+            >= 1e-6 (`MIN_EPSILON`; below it float32 loses the plan's
+            marginals). With `normalize_cost=False` the same bound holds
+            for `epsilon / max(cost)`, unchecked. Defaults to `0.01`
+            (paper).
         iterations: int >= 1. Sinkhorn iterations. Defaults to `100`.
         row_mask: optional boolean `(..., n)`; `False` rows get no mass.
         col_mask: optional boolean `(..., m)`; `False` columns get no mass.
@@ -213,9 +215,15 @@ def _plan(
     GPU program run the iterations in one kernel (`_fused_potentials`)."""
     # NumPy scalars accepted; nan and inf rejected (they gave a nan or a
     # uniform plan without a word).
-    epsilon = check_epsilon(epsilon)
-    iterations = check_int("iterations", iterations)
     normalize_cost = check_bool("normalize_cost", normalize_cost)
+    # The floor is in units of the normalized cost; a raw cost's own scale
+    # sets what `epsilon` means (the fused kernel sees normalized costs).
+    epsilon = (
+        check_epsilon(epsilon)
+        if normalize_cost
+        else check_float("epsilon", epsilon)
+    )
+    iterations = check_int("iterations", iterations)
     cost = ops.cast(cost, "float32")
     # valid: (..., n, m)
     rows, cols, valid = _pair_masks(cost, row_mask, col_mask)

@@ -451,7 +451,11 @@ class KQAlignmentTest(TestCase):
         ("weight_string", {"weight": "0.01"}, "weight"),
         ("rho", {"rho": 1.5}, "rho"),
         ("epsilon", {"epsilon": 0}, "epsilon"),
-        ("epsilon_tiny", {"epsilon": 1e-10}, r"`epsilon` must be .*>= 1e-06"),
+        (
+            "epsilon_tiny",
+            {"method": "ot", "epsilon": 1e-10},
+            r"`epsilon` must be .*>= 1e-06",
+        ),
         ("match_over", {"match_over": "layers"}, "match_over"),
         ("gan_loss", {"method": "gan", "gan_loss": "wgan"}, "gan_loss"),
         (
@@ -486,6 +490,16 @@ class KQAlignmentTest(TestCase):
     def test_invalid_arguments(self, kwargs, name):
         with self.assertRaisesRegex(ValueError, name):
             KQAlignment(**kwargs)
+
+    def test_epsilon_floor_only_where_it_is_read(self):
+        # Other methods never read `epsilon`: a small one stays accepted,
+        # and a model saved with it before the floor still loads.
+        self.assertEqual(KQAlignment("mmd", epsilon=1e-8).epsilon, 1e-8)
+        config = KQAlignment("ot").get_config()
+        config["epsilon"] = 1e-8  # an OT term saved before the floor
+        with self.assertWarnsRegex(UserWarning, "epsilon=1e-06"):
+            term = KQAlignment.from_config(config)
+        self.assertEqual(term.epsilon, 1e-6)
 
     @parameterized.parameters("mmd", "ot", "ct")
     def test_head_sum_is_the_heads_times_the_mean(self, method):

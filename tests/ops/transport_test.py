@@ -181,6 +181,18 @@ class SinkhornTest(TestCase):
         self.assertAllClose(plan.sum(0), np.full(7, 1 / 7), rtol=0.02)
         self.assertAllClose(plan.sum(), 1.0, atol=0.01)
 
+    def test_epsilon_floor_is_in_units_of_the_normalized_cost(self):
+        # A raw cost sets its own scale: 1e-9 on a cost of size 1e-8 is
+        # the normalized 0.1, and its plan was exact before the floor.
+        x, y = clouds(0, 8, 7, shift=0.5)
+        cost = ops.convert_to_numpy(transport.squared_euclidean_cost(x, y))
+        tiny = cost * 1e-8
+        got = transport.sinkhorn_plan(tiny, 1e-9, normalize_cost=False)
+        want = transport.sinkhorn_plan(cost, 1e-9 / float(tiny.max()))
+        self.assertAllClose(got, want, atol=1e-6)
+        with self.assertRaisesRegex(ValueError, "`epsilon` must be"):
+            transport.sinkhorn_plan(tiny, 1e-9)
+
     def test_numpy_scalar_arguments(self):
         x, y = clouds(7, 4, 5)
         cost = transport.squared_euclidean_cost(x, y)
