@@ -221,6 +221,13 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         if not self.built:
             self.initial_temperature = float(value)
 
+    def _check_call_flags(self, view, use_causal_mask, return_attention):
+        """`ValueError` for a bad `view`, `use_causal_mask` or
+        `return_attention` (in `call` and `compute_output_spec`)."""
+        check_int("view", view, low=0, high=self.num_views - 1)
+        check_bool("use_causal_mask", use_causal_mask)
+        check_bool("return_attention", return_attention)
+
     def _check_shape(self, shape):
         # Only an int length is compared: JAX's shape-polymorphic export
         # (`model.export`) traces with a symbolic one, which cannot be
@@ -291,9 +298,7 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         return_attention=False,
         training=None,
     ):
-        check_int("view", view, low=0, high=self.num_views - 1)
-        check_bool("use_causal_mask", use_causal_mask)
-        check_bool("return_attention", return_attention)
+        self._check_call_flags(view, use_causal_mask, return_attention)
         self._check_shape(tuple(token_ids.shape))
         token_ids = self._checked_length(token_ids)
         padding_mask = ops.not_equal(token_ids, 0)
@@ -351,9 +356,9 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
     ):
         # A functional model with a bad `view`, `return_attention` or
         # `use_causal_mask` was built, and failed only when it ran.
-        check_int("view", view, low=0, high=self.num_views - 1)
-        check_bool("return_attention", return_attention)
-        check_bool("use_causal_mask", kwargs.get("use_causal_mask", False))
+        self._check_call_flags(
+            view, kwargs.get("use_causal_mask", False), return_attention
+        )
         shapes = self.compute_output_shape(
             token_ids.shape, return_attention=return_attention
         )

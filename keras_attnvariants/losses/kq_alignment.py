@@ -323,11 +323,7 @@ class KQAlignment(AttentionLoss):
             hidden_dim = check_int("hidden_dim", hidden_dim)
         # The floor only where it is read: `"ot"` (a small unused
         # `epsilon` of another method loaded as before).
-        epsilon = (
-            check_epsilon(epsilon)
-            if method == "ot"
-            else check_float("epsilon", epsilon)
-        )
+        epsilon = check_epsilon(epsilon, floored=method == "ot")
         iterations = check_int("iterations", iterations)
         bandwidth = check_float("bandwidth", bandwidth)
         rho = check_float("rho", rho, 0.0, True)

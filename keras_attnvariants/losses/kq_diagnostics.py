@@ -103,6 +103,12 @@ def layer_labels(targets):
     return labels
 
 
+def _batch_data(x):
+    """Whether `x` is a batch's data (a dict, an array, a tensor), which
+    iterated would give keys or rows, not batches."""
+    return isinstance(x, (dict, np.ndarray)) or ops.is_tensor(x)
+
+
 def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
     """Mean key/query MMD per attention layer and head.
 
@@ -137,15 +143,15 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
     bandwidth = check_float("bandwidth", bandwidth)
     _check_model(model)
     if (
-        isinstance(dataset, (dict, np.ndarray, str, bytes))
-        or ops.is_tensor(dataset)
+        _batch_data(dataset)
+        or isinstance(dataset, (str, bytes))
         or not isinstance(dataset, Iterable)
     ):
         # Iterated, a dict gave its keys and an array its rows as batches;
         # None or a number raised TypeError ("not iterable").
         received = (
             f"dataset of type {type(dataset).__name__}"
-            if isinstance(dataset, (dict, np.ndarray)) or ops.is_tensor(dataset)
+            if _batch_data(dataset)
             else f"dataset={dataset!r}"
         )
         raise ValueError(
@@ -153,10 +159,7 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
             "input dicts or a `tf.data.Dataset`); for one batch of inputs "
             f"pass `[inputs]`. Received: {received}"
         )
-    if isinstance(dataset, tuple) and any(
-        isinstance(item, (dict, np.ndarray)) or ops.is_tensor(item)
-        for item in dataset
-    ):
+    if isinstance(dataset, tuple) and any(map(_batch_data, dataset)):
         # One `(inputs, labels)` batch was iterated as two batches: the
         # labels went through the model and into the total.
         raise ValueError(

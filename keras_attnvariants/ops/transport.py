@@ -132,10 +132,11 @@ def cosine_cost(x, y):
 MIN_EPSILON = 1e-6
 
 
-def check_epsilon(epsilon):
-    """`epsilon` as a float, `ValueError` unless finite and >= 1e-6."""
+def check_epsilon(epsilon, floored=True):
+    """`epsilon` as a float, `ValueError` unless finite, > 0 and, where
+    `floored` (a normalized cost), >= 1e-6."""
     epsilon = check_float("epsilon", epsilon)
-    if epsilon < MIN_EPSILON:
+    if floored and epsilon < MIN_EPSILON:
         raise ValueError(
             f"`epsilon` must be a finite float >= {MIN_EPSILON} (a float32 "
             "log-domain Sinkhorn plan loses its marginals below it). "
@@ -218,11 +219,7 @@ def _plan(
     normalize_cost = check_bool("normalize_cost", normalize_cost)
     # The floor is in units of the normalized cost; a raw cost's own scale
     # sets what `epsilon` means (the fused kernel sees normalized costs).
-    epsilon = (
-        check_epsilon(epsilon)
-        if normalize_cost
-        else check_float("epsilon", epsilon)
-    )
+    epsilon = check_epsilon(epsilon, floored=normalize_cost)
     iterations = check_int("iterations", iterations)
     cost = ops.cast(cost, "float32")
     # valid: (..., n, m)
