@@ -85,3 +85,34 @@ class MultiHeadAttentionContractTest(TestCase):
         layer = keras.layers.MultiHeadAttention(num_heads=1, key_dim=2)
         layer(x, x)
         self.assertIsNone(get_keras_mask(x))
+
+    def test_tensorflow_bias_add_of_a_one_wide_head(self):
+        # Keras 3.15's TensorFlow `ops.add` turns `x + bias` into
+        # `tf.nn.bias_add(..., "NCHW")` when the bias squeezes to one axis
+        # whose size is `x.shape[1]`: an `EinsumDense` bias `(N, 1)`
+        # (`key_dim=1` / `value_dim=1`) on `(B, T, N, 1)` with a static
+        # `T == N` is added along the sequence axis. Keras MHA and these
+        # layers alike (README, "DoublyNormalizedAttention and
+        # HybridAttention"); when this fails, Keras fixed it: drop the note.
+        if keras.backend.backend() != "tensorflow":
+            self.skipTest("TensorFlow's ops.add only")
+        from keras_attnvariants import DoublyNormalizedAttention
+
+        x = np.zeros((1, 3, 3, 1), "float32")
+        bias = np.array([[1.0], [2.0], [3.0]], "float32")
+        got = keras.ops.convert_to_numpy(keras.ops.add(x, bias))
+        self.assertAllClose(got[0, :, :, 0], np.repeat(bias, 3, axis=1))
+        self.assertNotAllClose(got, x + bias)
+        inputs = np.random.default_rng(0).normal(size=(1, 3, 4))
+        inputs = inputs.astype("float32")
+        # Projections x . 1 + bias with bias (N, 1) = (1, 2, 3).
+        want = np.sum(inputs, -1)[..., None, None] + bias
+        for cls in (keras.layers.MultiHeadAttention, DoublyNormalizedAttention):
+            layer = cls(num_heads=3, key_dim=1, kernel_initializer="ones")
+            layer(inputs, inputs)
+            layer._query_dense.bias.assign(bias)
+            got = keras.ops.convert_to_numpy(layer._query_dense(inputs))
+            self.assertNotAllClose(got, want)
+            # ... added along the sequence axis instead.
+            along_t = np.broadcast_to(bias[None, :, :, None], got.shape)
+            self.assertAllClose(got, want - bias + along_t)
