@@ -5,6 +5,7 @@ Keras range in pyproject.toml accordingly.
 """
 
 import inspect
+import os
 
 import keras
 import numpy as np
@@ -116,3 +117,17 @@ class MultiHeadAttentionContractTest(TestCase):
             # ... added along the sequence axis instead.
             along_t = np.broadcast_to(bias[None, :, :, None], got.shape)
             self.assertAllClose(got, want - bias + along_t)
+
+    def test_int8_mha_does_not_reload_from_keras_file(self):
+        # Keras 3.15: a model whose MHA was quantized saves, but its
+        # projections reload unquantized and the int8 weights fail to
+        # load; the README says to export such a model instead (tested in
+        # `tests/review_export_test.py`). When this fails, Keras fixed it.
+        inputs = keras.Input((4, 8))
+        layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+        model = keras.Model(inputs, layer(inputs, inputs))
+        model.quantize("int8")
+        path = os.path.join(self.get_temp_dir(), "int8_mha.keras")
+        model.save(path)
+        with self.assertRaisesRegex(ValueError, "could not be loaded"):
+            keras.saving.load_model(path)
