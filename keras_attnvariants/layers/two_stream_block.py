@@ -12,6 +12,7 @@ from keras_attnvariants.layers.gumbel_discrete_attention import (
 )
 from keras_attnvariants.layers.variant_attention import apply_frozen_flag
 from keras_attnvariants.layers.variant_attention import keras_masks_restored
+from keras_attnvariants.layers.variant_attention import warn_misadded_biases
 from keras_attnvariants.ops.gumbel import argmax_indices
 from keras_attnvariants.ops.gumbel import gather_values
 from keras_attnvariants.ops.gumbel import one_hot_at
@@ -255,6 +256,9 @@ class TwoStreamBlock(keras.layers.Layer):
             self.model_value.build(shape)
             self.model_output.build(heads)
             self._build_ffn(self.model_ffn, shape)
+        warn_misadded_biases(
+            [layer for layer in self._flatten_layers() if layer is not self]
+        )
         apply_frozen_flag(self)
 
     def _check_input_shape(self, input_shape):

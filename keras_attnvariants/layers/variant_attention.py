@@ -100,6 +100,36 @@ def apply_frozen_flag(layer):
         type(layer).trainable.fset(layer, False)
 
 
+def warn_misadded_biases(denses):
+    """Warns where Keras 3.15's TensorFlow `ops.add` adds a projection's
+    bias along the wrong axis: a bias that squeezes to one axis that is not
+    its last, `(N, 1)` for a head size of 1, is taken for a channels-first
+    `bias_add` and added along the sequence axis whenever a batch's length
+    is `N` (Keras MHA too; JAX and PyTorch are right). Silent wrong
+    numbers, so said once per bias shape at build time.
+    `tests/layers/mha_contract_test.py` pins the Keras behaviour."""
+    if keras.backend.backend() != "tensorflow":
+        return
+    shapes = []
+    for dense in denses:
+        bias = getattr(dense, "bias", None)
+        shape = () if bias is None else tuple(bias.shape)
+        wide = [size for size in shape if size != 1]
+        if len(wide) == 1 and shape[-1] != wide[0] and shape not in shapes:
+            shapes.append(shape)
+    if shapes:
+        lengths = sorted({size for shape in shapes for size in shape} - {1})
+        warnings.warn(
+            f"Projection biases of shape {', '.join(map(str, shapes))} "
+            "are added along the sequence axis instead of the head axis, "
+            "on TensorFlow, to any batch of sequence length "
+            f"{' or '.join(map(str, lengths))}: a Keras 3.15 bug in "
+            "`ops.add` (Keras MultiHeadAttention too). Use a head size "
+            "above 1, `use_bias=False`, or the JAX or PyTorch backend.",
+            stacklevel=3,
+        )
+
+
 class _SavedTermFlags:
     """The attached terms' flags as a config saved them, in a plain object:
     a list attribute would be tracked by Keras, which then listed the terms'
@@ -416,6 +446,14 @@ class VariantAttention(keras.layers.MultiHeadAttention):
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
+        warn_misadded_biases(
+            (
+                self._query_dense,
+                self._key_dense,
+                self._value_dense,
+                self._output_dense,
+            )
+        )
         key_length = (value_shape if key_shape is None else key_shape)[1]
         for term in self.attention_losses:
             if (

@@ -131,3 +131,41 @@ class MultiHeadAttentionContractTest(TestCase):
         model.save(path)
         with self.assertRaisesRegex(ValueError, "could not be loaded"):
             keras.saving.load_model(path)
+
+    def test_layers_warn_of_a_misadded_bias_on_tensorflow(self):
+        # The canary above, said to the user at build time (once per
+        # layer): silent wrong numbers otherwise. Nothing to say on JAX and
+        # PyTorch, or where no bias squeezes to a non-last axis.
+        import warnings
+
+        import keras_attnvariants as kav
+
+        x = np.zeros((1, 3, 4), "float32")
+        cases = [
+            (lambda: kav.DoublyNormalizedAttention(3, 1), "(3, 1)"),
+            (lambda: kav.HybridAttention(3, 2, value_dim=1), "(3, 1)"),
+            (
+                lambda: kav.GumbelDiscreteAttention(3, 2, output_shape=(3, 1)),
+                "(3, 1)",
+            ),
+            (lambda: kav.HybridAttention(3, 1, use_bias=False), None),
+            (lambda: kav.DoublyNormalizedAttention(3, 2), None),
+            (lambda: kav.DoublyNormalizedAttention(1, 1), None),
+        ]
+        tensorflow = keras.backend.backend() == "tensorflow"
+        for make, shape in cases:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                make()(x, x)
+            said = [str(w.message) for w in caught if "Keras 3.15" in str(w)]
+            if shape is None or not tensorflow:
+                self.assertEqual(said, [])
+            else:
+                self.assertEqual(len(said), 1, said)
+                self.assertIn(f"shape {shape}", said[0])
+                self.assertIn("sequence length 3", said[0])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            kav.TwoStreamBlock(d_model=4, num_heads=4, d_ff=8)([x, x])
+        said = [str(w.message) for w in caught if "Keras 3.15" in str(w)]
+        self.assertEqual(len(said), int(tensorflow))
