@@ -256,9 +256,7 @@ class TwoStreamBlock(keras.layers.Layer):
             self.model_value.build(shape)
             self.model_output.build(heads)
             self._build_ffn(self.model_ffn, shape)
-        warn_misadded_biases(
-            [layer for layer in self._flatten_layers() if layer is not self]
-        )
+        warn_misadded_biases(self._flatten_layers(include_self=False))
         apply_frozen_flag(self)
 
     def _check_input_shape(self, input_shape):
