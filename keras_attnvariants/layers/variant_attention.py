@@ -106,7 +106,7 @@ def warn_misadded_biases(denses):
     its last, `(N, 1)` for a head size of 1, is taken for a channels-first
     `bias_add` and added along the sequence axis whenever a batch's length
     is `N` (Keras MHA too; JAX and PyTorch are right). Silent wrong
-    numbers, so said once per bias shape at build time.
+    numbers, so said at build time, one warning naming every such shape.
     `tests/layers/mha_contract_test.py` pins the Keras behaviour."""
     if keras.backend.backend() != "tensorflow":
         return
