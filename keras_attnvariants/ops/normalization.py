@@ -27,6 +27,21 @@ def math_dtype(dtype):
     return "float32"
 
 
+def _torch_differentiates_backward():
+    """Whether a PyTorch backward runs under `create_graph=True`.
+
+    `torch.autograd.Function.backward` runs with gradients enabled exactly
+    then. Always False on the other backends, whose custom gradients trace
+    the forward with its graph (TensorFlow, JAX: second derivatives are
+    right there without a recomputation).
+    """
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return torch.is_grad_enabled()
+
+
 def custom_gradient_of(function, inputs, constants=()):
     """`ops.custom_gradient(function)(*inputs)`, with `constants` passed in.
 
@@ -42,18 +57,34 @@ def custom_gradient_of(function, inputs, constants=()):
     given = tuple(c for c in constants if c is not None)
     count = len(inputs)
 
-    @ops.custom_gradient
-    def wrapped(*args):
+    def forward(args):
         passed = iter(args[count:])
         full = tuple(None if c is None else next(passed) for c in constants)
-        output, grad = function(*args[:count], *full)
+        return function(*args[:count], *full)
+
+    @ops.custom_gradient
+    def wrapped(*args):
+        output, grad = forward(args)
 
         def wrapped_grad(*grad_args, upstream=None):
+            if _torch_differentiates_backward():
+                # PyTorch runs the forward under `no_grad`, so what `grad`
+                # closes over (exponentials, row sums, the output) is a
+                # constant to a second differentiation, and a Hessian or
+                # a gradient penalty came out silently wrong (off by up to
+                # 2x). `grad_args` are the saved inputs, still in their
+                # graph: recompute the forward from them, with gradients
+                # on, only when the backward is itself differentiated
+                # (`create_graph=True`).
+                grad = forward(grad_args)[1]
+            else:
+                grad = wrapped_grad.first
             grads = grad(*grad_args, upstream=upstream)
             if not isinstance(grads, (tuple, list)):
                 grads = (grads,)
             return (*grads, *(None,) * len(given))
 
+        wrapped_grad.first = grad
         return output, wrapped_grad
 
     return wrapped(*inputs, *given)

@@ -47,3 +47,56 @@ def torch_leaf(array):
     """
     tensor = keras.ops.convert_to_tensor(array)
     return tensor.detach().clone().requires_grad_(True)
+
+
+def hessian_vector_products(fn, upstream, direction, *args):
+    """Second derivatives: the gradients of `<grad_args L, direction>`.
+
+    `L = sum(fn(*args) * upstream)`; `direction` holds one NumPy array per
+    argument. Differentiates the backend's own gradient a second time
+    (nested tapes, `jax.grad` of `jax.grad`, `create_graph=True`), as a
+    gradient penalty or a Hessian-vector product does.
+
+    Returns:
+        list of NumPy arrays, one per argument.
+    """
+    backend = keras.config.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        args = [tf.constant(a) for a in args]
+        with tf.GradientTape() as outer:
+            outer.watch(args)
+            with tf.GradientTape() as inner:
+                inner.watch(args)
+                loss = tf.reduce_sum(fn(*args) * upstream)
+            grads = inner.gradient(loss, args)
+            inner_product = sum(
+                tf.reduce_sum(g * d) for g, d in zip(grads, direction)
+            )
+        return [g.numpy() for g in outer.gradient(inner_product, args)]
+    if backend == "jax":
+        import jax
+
+        def loss(*a):
+            return (fn(*a) * upstream).sum()
+
+        argnums = tuple(range(len(args)))
+
+        def inner_product(*a):
+            grads = jax.grad(loss, argnums=argnums)(*a)
+            return sum((g * d).sum() for g, d in zip(grads, direction))
+
+        grads = jax.grad(inner_product, argnums=argnums)(*args)
+        return [np.asarray(g) for g in grads]
+    import torch
+
+    args = [torch_leaf(a) for a in args]
+    loss = (fn(*args) * keras.ops.convert_to_tensor(upstream)).sum()
+    grads = torch.autograd.grad(loss, args, create_graph=True)
+    inner_product = sum(
+        (g * keras.ops.convert_to_tensor(d)).sum()
+        for g, d in zip(grads, direction)
+    )
+    grads = torch.autograd.grad(inner_product, args)
+    return [keras.ops.convert_to_numpy(g) for g in grads]
