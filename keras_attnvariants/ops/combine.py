@@ -129,6 +129,21 @@ def _column_weighted(t, row):
     return ops.expand_dims(ops.einsum("bnts,bnt->bns", t, row[..., 0]), -2)
 
 
+def _half(dtype):
+    """Whether `dtype` is float16 or bfloat16.
+
+    The backwards take the row sums `sum_j g_ij A_ij` as `dO . O` (and the
+    column sums as `V . dV`), an `H`-long dot instead of an `S`-long one.
+    In half precision `O` and `dV` are rounded, so those sums no longer
+    match `g = dO V^T`: in a saturated row `A (g - r)` left about
+    `eps |g|` where it cancels to 0, and a low Gumbel temperature scales
+    it up (relaxed Gumbel at temperature 0.01 under `mixed_bfloat16`:
+    input gradients 0.38 off, query-kernel gradients 45x their size).
+    There the sums are taken from `g` and the float32 weights themselves.
+    """
+    return keras.backend.standardize_dtype(dtype) in ("float16", "bfloat16")
+
+
 def _row_dot(d_out, out, dtype):
     """`sum_h dO * O` in the scores' `dtype`: `sum_j g_ij A_ij`,
     `(B, N, T, 1)`."""
@@ -185,10 +200,18 @@ def _row_softmax_attend(scores, value, mask, column_step, keep=None):
             d_out = _upstream(args, upstream)
             d_value = rows.transposed_product(d_out)
             g = _dropped(_scores_upstream(d_out, value, x.dtype), keep)
-            r = _row_dot(d_out, out, x.dtype)
+            if _half(value.dtype):
+                ga = g * e * inv
+                r = ops.sum(ga, axis=-1, keepdims=True)
+            else:
+                r = _row_dot(d_out, out, x.dtype)
             if not column_step:
                 return e * inv * (g - r), d_value
-            col = _column_dot(value, d_value, x.dtype) - rows.column_sums(r)
+            if _half(value.dtype):
+                c = ops.sum(ga, axis=-2, keepdims=True)
+            else:
+                c = _column_dot(value, d_value, x.dtype)
+            col = c - rows.column_sums(r)
             return e * (inv * (g - r) - ops.exp(top) * col), d_value
 
         return out, grad
@@ -280,10 +303,8 @@ def hybrid_attend(scores, value, mix, mask=None, keep=None):
         e_u, inv_u, _ = _masked_row_exp(x, mask)
         z = x - _column_log_normalizer(x, mask is not None)
         e_d, inv_d, top = _masked_row_exp(z, mask)
-        weights = ops.cast(
-            _dropped((1.0 - mix) * inv_u * e_u + mix * inv_d * e_d, keep),
-            value.dtype,
-        )
+        mixed = (1.0 - mix) * inv_u * e_u + mix * inv_d * e_d
+        weights = ops.cast(_dropped(mixed, keep), value.dtype)
         out = ops.einsum(COMBINE_EQUATION, weights, value)
 
         def grad(*args, upstream=None):
@@ -291,8 +312,13 @@ def hybrid_attend(scores, value, mix, mask=None, keep=None):
             d_value = ops.einsum(VALUE_GRAD_EQUATION, d_out, weights)
             g = _dropped(_scores_upstream(d_out, value, x.dtype), keep)
             # Row and column sums of g * W: (B, N, T, 1), (B, N, 1, S).
-            r_w = _row_dot(d_out, out, x.dtype)
-            c_w = _column_dot(value, d_value, x.dtype)
+            if _half(value.dtype):
+                gw = g * mixed
+                r_w = ops.sum(gw, axis=-1, keepdims=True)
+                c_w = ops.sum(gw, axis=-2, keepdims=True)
+            else:
+                r_w = _row_dot(d_out, out, x.dtype)
+                c_w = _column_dot(value, d_value, x.dtype)
             # Per head, the part with the larger share: U (u > 1/2) or D.
             use_u = mix > 0.5
             inv = ops.where(use_u, inv_u, inv_d)
