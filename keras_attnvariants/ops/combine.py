@@ -200,14 +200,15 @@ def _row_softmax_attend(scores, value, mask, column_step, keep=None):
             d_out = _upstream(args, upstream)
             d_value = rows.transposed_product(d_out)
             g = _dropped(_scores_upstream(d_out, value, x.dtype), keep)
-            if _half(value.dtype):
+            half = _half(value.dtype)
+            if half:
                 ga = g * e * inv
                 r = ops.sum(ga, axis=-1, keepdims=True)
             else:
                 r = _row_dot(d_out, out, x.dtype)
             if not column_step:
                 return e * inv * (g - r), d_value
-            if _half(value.dtype):
+            if half:
                 c = ops.sum(ga, axis=-2, keepdims=True)
             else:
                 c = _column_dot(value, d_value, x.dtype)

@@ -76,15 +76,13 @@ def custom_gradient_of(function, inputs, constants=()):
                 # graph: recompute the forward from them, with gradients
                 # on, only when the backward is itself differentiated
                 # (`create_graph=True`).
-                grad = forward(grad_args)[1]
+                grads = forward(grad_args)[1](*grad_args, upstream=upstream)
             else:
-                grad = wrapped_grad.first
-            grads = grad(*grad_args, upstream=upstream)
+                grads = grad(*grad_args, upstream=upstream)
             if not isinstance(grads, (tuple, list)):
                 grads = (grads,)
             return (*grads, *(None,) * len(given))
 
-        wrapped_grad.first = grad
         return output, wrapped_grad
 
     return wrapped(*inputs, *given)
