@@ -10,7 +10,8 @@ the MultiHeadAttention time of the same repeat.
   (`loss = mean(y^2)`), `training=True`, no dropout.
 - infer: forward only, `training=False`; DNAS and HNAS on the fused path
   (`keras.ops.dot_product_attention` with the per-key bias) and on the
-  explicit path (materialized weights).
+  explicit path (the normalization folded into the value product,
+  `keras_attnvariants.ops.combine`: no weights are returned).
 
 Usage:
 

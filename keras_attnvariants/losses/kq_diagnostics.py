@@ -124,8 +124,8 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
 
     Returns:
         dict: `{"per_head": {layer_label: array (N,)}, "total": float}`
-        (label: the layer name, `name_<i>` for the i-th attention layer
-        when several share a name, as in keras-hub backbones);
+        (label: the layer name, `name_<i>` for the i-th of the attention
+        layers that share that name, as in keras-hub backbones);
         `per_head` is averaged over the examples that have a real token
         (NaN for a layer with no such example: never called, or called
         only on padding), `total` sums it over heads and the measured

@@ -1,4 +1,7 @@
-"""Pure functions on `keras.ops`: no layers, no variables, no hidden RNG."""
+"""Pure functions on `keras.ops`: no layers, no variables.
+
+Random ops take a `seed` (None draws from Keras's global generator).
+"""
 
 from keras_attnvariants.ops.gradient_reversal import (
     gradient_reversal as gradient_reversal,

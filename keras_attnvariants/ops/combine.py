@@ -14,7 +14,9 @@ sum. So
   gradient, `g = dO V^T` and `dV = A^T dO`,
   `sum_j g_ij A_ij = dO_i . O_i` (row sums) and
   `sum_i g_ij A_ij = V_j . dV_j` (column sums), products of
-  `(B, T, N, H)` tensors instead of reductions over the scores.
+  `(B, T, N, H)` tensors instead of reductions over the scores. Under
+  float16 / bfloat16 values `O` and `dV` are rounded, so the sums are taken
+  from `g` and the float32 weights instead (`_half`).
 
 On XLA:CPU an elementwise expression feeding a reduction is always written
 out as a full buffer, so these sums are what the layers' step time is made
