@@ -6,9 +6,15 @@ matmuls as TensorFloat-32 by default (10-bit mantissa, errors near 1e-3),
 which such comparisons do not allow; TensorFlow's own tests turn it off
 the same way (`run_without_tensor_float_32`). A no-op on CPUs, where CI
 runs. Models trained by users keep each framework's default.
+
+Every test also starts from the same global seed, so layers built without
+a seed get the same initial weights whichever tests ran before (and on
+whichever pytest-xdist worker): a threshold on their outputs cannot pass
+or fail by test order.
 """
 
 import keras
+import pytest
 
 
 def _full_float32_matmuls():
@@ -29,3 +35,8 @@ def _full_float32_matmuls():
 
 
 _full_float32_matmuls()
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    keras.utils.set_random_seed(20261127)

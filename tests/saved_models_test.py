@@ -76,3 +76,14 @@ def test_fresh_model_matches_golden_definition(name):
     assert [type(layer).__name__ for layer in fresh.layers] == [
         type(layer).__name__ for layer in model.layers
     ]
+    # Same options too: with the golden weights, the fresh model gives the
+    # golden outputs (a changed iteration count, temperature, inference
+    # mode or hybrid setting would not).
+    fresh.set_weights(model.get_weights())
+    io = np.load(os.path.join(ROOT, f"{name}_io.npz"))
+    inputs = {k: io[k] for k in io.files if k != "expected"}
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(fresh(inputs, training=False)),
+        io["expected"],
+        atol=1e-6,
+    )

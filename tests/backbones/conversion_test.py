@@ -156,6 +156,16 @@ class ConvertBackboneTest(TestCase):
             for x in layers
         ]
         self.assertNotEqual(noise_seeds[0], noise_seeds[1])
+        # With the same weights, the two layers draw different samples.
+        layers[1].set_weights(layers[0].get_weights())
+        x = np.random.default_rng(0).normal(size=(2, 4, 8)).astype("float32")
+        draws = [
+            keras.ops.convert_to_numpy(
+                layer(x, x, training=True, return_attention_scores=True)[1]
+            )
+            for layer in layers
+        ]
+        self.assertGreater(np.abs(draws[0] - draws[1]).max(), 1e-3)
         path = os.path.join(self.get_temp_dir(), "gumbel.keras")
         converted.save(path)
         reloaded = self_attention_layers(keras.saving.load_model(path))

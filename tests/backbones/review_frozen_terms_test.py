@@ -61,6 +61,9 @@ def test_frozen_term_stays_frozen_after_reload(tmp_path, method):
     assert loaded_term.weights
     assert not _ids(loaded_term.weights) & _ids(reloaded.trainable_weights)
     assert not _fit_changes(reloaded, loaded_term)
+    # Positive control: the same fit trains the term once it is thawed.
+    loaded_term.trainable = True
+    assert _fit_changes(reloaded, loaded_term)
 
 
 def test_term_frozen_before_attaching_stays_frozen():
@@ -73,6 +76,7 @@ def test_term_frozen_before_attaching_stays_frozen():
     # Thawed again, it trains.
     term.trainable = True
     assert _ids(term.weights) <= _ids(model.trainable_weights)
+    assert _fit_changes(model, term)
 
 
 def test_converted_backbone_saves_a_term_frozen_after_conversion(tmp_path):

@@ -44,6 +44,7 @@ class RecordAttentionCausalTest(TestCase):
             layer(x, x, use_causal_mask=True)
             layer(x, x, use_causal_mask=True, attention_mask=np.ones((2, 3, 3)))
         want = np.tril(np.ones((3, 3), bool))
+        self.assertLen(calls, 2)
         for call in calls:
             mask = ops.convert_to_numpy(call.attention_mask)
             self.assertEqual(mask.dtype, bool)

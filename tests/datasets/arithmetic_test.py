@@ -61,6 +61,8 @@ def test_depths_evenly_spread_and_seeded():
     assert counts[0] == 0 and counts[1:].max() - counts[1:].min() <= 1
     again = multiview_arithmetic(301, max_depth=3, seed=1)
     assert (again["infix"] == data["infix"]).all()
+    other = multiview_arithmetic(301, max_depth=3, seed=2)
+    assert (other["infix"] != data["infix"]).mean() > 0.5
     # All five classes occur.
     assert set(data["label"].tolist()) == set(range(5))
 

@@ -14,6 +14,11 @@ def test_rotten_tomatoes_loads_unique_labeled_snippets():
     subset, sub_labels = offline.rotten_tomatoes(num_examples=10, seed=3)
     again, _ = offline.rotten_tomatoes(num_examples=10, seed=3)
     assert subset == again and sub_labels.dtype == np.int32
+    # A random subset: another seed draws other snippets, and neither is
+    # the corpus's first ten.
+    other, _ = offline.rotten_tomatoes(num_examples=10, seed=4)
+    assert set(other) != set(subset)
+    assert subset != texts[:10] and all(t in set(texts) for t in subset)
 
 
 def test_minilm_path_points_at_a_checkpoint_or_none():

@@ -48,6 +48,8 @@ def test_seeded():
     a = stack_language(5, seed=3)["tokens"]
     b = stack_language(5, seed=3)["tokens"]
     assert (a == b).all()
+    # The seed is used: another one gives other sentences.
+    assert (stack_language(5, seed=4)["tokens"] != a).any()
 
 
 def test_invalid_arguments_raise():

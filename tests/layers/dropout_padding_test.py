@@ -183,16 +183,17 @@ class LayerDropoutPaddingTest(TestCase):
             generators.append(layer.seed_generator)
         start = [ops.convert_to_numpy(g.state) for g in generators]
 
-        def run(total):
+        def run(total, reset=True, training=True):
             valid = np.arange(total)[None] < lengths[:, None]
             inputs = np.where(valid[..., None], x[:, :total], 3.0)
-            for generator, state in zip(generators, start):
-                generator.state.assign(state)
+            if reset:
+                for generator, state in zip(generators, start):
+                    generator.state.assign(state)
             out = layer(
                 inputs.astype("float32"),
                 inputs.astype("float32"),
                 attention_mask=valid[:, :, None] & valid[:, None, :],
-                training=True,
+                training=training,
             )
             return ops.convert_to_numpy(out)
 
@@ -201,14 +202,17 @@ class LayerDropoutPaddingTest(TestCase):
             out = run(total)
             for b, n in enumerate(lengths):
                 self.assertAllClose(out[b, :n], base[b, :n], atol=1e-5)
-        # Dropout is active: the same inputs give another output on the
-        # next draw, and inference gives a third (no dropout).
+        # Dropout is active: the same inputs and mask give the same output
+        # from the same generator state, another one on the next draw, and
+        # inference a third (compared on every real row).
         again = run(5)
         self.assertAllClose(again, base, atol=1e-6)
-        next_draw = ops.convert_to_numpy(
-            layer(x[:, :5], x[:, :5], training=True)
-        )
-        self.assertGreater(np.abs(next_draw - base).max(), 1e-3)
+        next_draw = run(5, reset=False)
+        inference = run(5, training=False)
+        for b, n in enumerate(lengths):
+            for other in (next_draw, inference):
+                diff = np.abs(other[b, :n] - base[b, :n]).max()
+                self.assertGreater(diff, 1e-3)
 
     @parameterized.named_parameters(
         ("dnas", "dnas"),
@@ -229,9 +233,10 @@ class LayerDropoutPaddingTest(TestCase):
             generators.append(layer.seed_generator)
         start = [ops.convert_to_numpy(g.state) for g in generators]
 
-        def run(batch, t, s):
-            for generator, state in zip(generators, start):
-                generator.state.assign(state)
+        def run(batch, t, s, reset=True):
+            if reset:
+                for generator, state in zip(generators, start):
+                    generator.state.assign(state)
             q_valid = np.arange(t)[None] < q_len[:batch, None]
             v_valid = np.arange(s)[None] < v_len[:batch, None]
             out = layer(
@@ -249,6 +254,11 @@ class LayerDropoutPaddingTest(TestCase):
                 self.assertAllClose(
                     out[b, : q_len[b]], base[b, : q_len[b]], atol=1e-5
                 )
+        # The noise acted: the next draw changes every example's real rows.
+        next_draw = run(2, 4, 5, reset=False)
+        for b in range(2):
+            diff = np.abs(next_draw[b, : q_len[b]] - base[b, : q_len[b]])
+            self.assertGreater(diff.max(), 1e-3)
 
     @parameterized.named_parameters(
         (f"{name}_{policy}", name, policy)

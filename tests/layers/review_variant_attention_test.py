@@ -219,3 +219,13 @@ class SharedMaskedInputTest(TestCase, parameterized.TestCase):
         first = numpy_out(layer(x, x))
         # A second call on the same tensor saw no mask before.
         self.assertAllClose(numpy_out(layer(x, x)), first, atol=1e-6)
+        # And the mask is applied: the same as an explicit attention mask
+        # on a mask-free copy of the embeddings, on the real rows.
+        plain = keras.ops.convert_to_tensor(numpy_out(x))
+        real = tokens != 0
+        explicit = layer(
+            plain, plain, attention_mask=real[:, :, None] & real[:, None, :]
+        )
+        self.assertAllClose(first[:, :3], numpy_out(explicit)[:, :3], atol=1e-6)
+        unmasked = numpy_out(layer(plain, plain))
+        self.assertGreater(np.abs(first[:, :3] - unmasked[:, :3]).max(), 1e-4)

@@ -3,6 +3,7 @@ import numpy as np
 from keras import ops
 
 from keras_attnvariants.layers.two_stream_block import TwoStreamBlock
+from keras_attnvariants.testing.gradients import gradients
 from keras_attnvariants.testing.test_case import TestCase
 
 
@@ -116,6 +117,35 @@ class TwoStreamBlockTest(TestCase):
         value.kernel.assign(value.kernel * 3.0)
         (_, h_b), _ = block((g, h), padding_mask=valid)
         self.assertAllClose(h_a, h_b, atol=1e-6)
+        # In training the model stream's gradient reaches the controller's
+        # query and key (through the relaxed sample z) and not its value.
+        trainable = [np.array(v) for v in block.trainable_variables]
+        fixed = [np.array(v) for v in block.non_trainable_variables]
+
+        def model_stream(*values):
+            ([g_out, h_out], _), _ = block.stateless_call(
+                list(values),
+                fixed,
+                [ops.convert_to_tensor(g), ops.convert_to_tensor(h)],
+                padding_mask=valid,
+                training=True,
+            )
+            # 0 * g_out connects every weight, so none has a None gradient.
+            return h_out + 0.0 * g_out
+
+        # Random: an all-ones upstream through the layer norm sums to 0.
+        upstream = np.random.default_rng(2).normal(size=h.shape)
+        grads = dict(
+            zip(
+                [v.path for v in block.trainable_variables],
+                gradients(model_stream, upstream, *trainable),
+            )
+        )
+        parts = block.controllers[0]
+        for name in ("query", "key"):
+            grad = grads[parts[name].kernel.path]
+            self.assertGreater(np.abs(grad).max(), 1e-6, name)
+        self.assertAllClose(grads[parts["value"].kernel.path], 0.0, atol=0)
 
     def test_training_sample_follows_temperature_and_straight_through(self):
         # The block's own `temperature` and `straight_through` reach the

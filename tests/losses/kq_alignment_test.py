@@ -347,16 +347,27 @@ class KQAlignmentTest(TestCase):
         q_mask[1] = False  # an example with no valid query
         for policy in ("mixed_float16", "mixed_bfloat16"):
             term = KQAlignment(method=method, weight=1.0, dtype=policy)
-            value = term(
-                ops.cast(q * 30, term.compute_dtype),
-                ops.cast(k * 30, term.compute_dtype),
-                q_mask,
-                k_mask,
-            )
+            half_q = ops.cast(q * 30, term.compute_dtype)
+            half_k = ops.cast(k * 30, term.compute_dtype)
+            value = term(half_q, half_k, q_mask, k_mask)
             self.assertEqual(
                 keras.backend.standardize_dtype(value.dtype), "float32"
             )
-            self.assertTrue(np.isfinite(ops.convert_to_numpy(value)), policy)
+            value = float(ops.convert_to_numpy(value))
+            self.assertTrue(np.isfinite(value), policy)
+            # The float32 term with the same weights on the same (rounded)
+            # inputs gives the same value: the term computes in float32.
+            ref = KQAlignment(method=method, weight=1.0)
+            args = (
+                ops.cast(half_q, "float32"),
+                ops.cast(half_k, "float32"),
+                q_mask,
+                k_mask,
+            )
+            ref(*args)
+            ref.set_weights(term.get_weights())
+            want = float(ops.convert_to_numpy(ref(*args)))
+            self.assertAllClose(value, want, rtol=1e-4, atol=1e-5, msg=policy)
 
     @parameterized.named_parameters(
         ("gan", "gan", {}),

@@ -41,6 +41,8 @@ class GumbelOpsTest(TestCase):
         a = gumbel.gumbel_noise((20000,), seed=3)
         b = gumbel.gumbel_noise((20000,), seed=3)
         self.assertAllClose(a, b, atol=0)
+        other = ops.convert_to_numpy(gumbel.gumbel_noise((20000,), seed=4))
+        self.assertGreater(np.mean(other != ops.convert_to_numpy(a)), 0.99)
         a = ops.convert_to_numpy(a)
         # Standard Gumbel: mean = Euler-Mascheroni, variance = pi^2 / 6.
         self.assertAllClose(a.mean(), 0.5772, atol=0.05)

@@ -34,3 +34,7 @@ class ReceptiveFieldShapeTest(TestCase):
         self.assertAllClose(
             rf.receptive_fields([z4, z3]), rf.receptive_fields([z3, z4])
         )
+        # A 4-D layer counts as its heads summed.
+        self.assertAllClose(
+            rf.receptive_fields([z4, z3]), rf.receptive_fields([z3, z3])
+        )
