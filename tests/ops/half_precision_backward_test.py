@@ -17,8 +17,6 @@ from keras_attnvariants.ops import normalization
 from keras_attnvariants.testing.gradients import gradients
 from keras_attnvariants.testing.test_case import TestCase
 
-EQUATION = "bnts,bsnh->btnh"
-
 CASES = {
     "softmax": (combine.softmax_attend, normalization.masked_softmax),
     "dnas": (combine.doubly_normalized_attend, normalization.doubly_normalize),
@@ -44,11 +42,12 @@ class HalfPrecisionBackwardTest(TestCase):
 
         def via_weights(s, v):
             weights = ops.cast(normalize(s), dtype)
-            out = ops.einsum(EQUATION, weights, ops.cast(v, dtype))
+            v = ops.cast(v, dtype)
+            out = ops.einsum(combine.COMBINE_EQUATION, weights, v)
             return ops.cast(out, "float32")
 
         def exact(s, v):
-            return ops.einsum(EQUATION, normalize(s), v)
+            return ops.einsum(combine.COMBINE_EQUATION, normalize(s), v)
 
         (want, _) = gradients(
             exact,

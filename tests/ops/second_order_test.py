@@ -27,9 +27,7 @@ MIX = 0.3
 
 def attend(weights, value):
     """`weights @ value` in the `(B, T, N, H)` layout of `ops.combine`."""
-    return ops.transpose(
-        ops.matmul(weights, ops.transpose(value, (0, 2, 1, 3))), (0, 2, 1, 3)
-    )
+    return ops.einsum(combine.COMBINE_EQUATION, weights, value)
 
 
 CASES = {
