@@ -16,21 +16,20 @@ fi
 # choice across indexes; where uv cannot be installed or fails, pip does
 # the same install.
 UV_ARGS=(--python .venv/bin/python --index-strategy unsafe-best-match)
-pip_config() {
-  .venv/bin/python -m pip config get "global.$1" 2>/dev/null || true
+# One option per value; a PIP_* variable overrides pip.conf, as in pip.
+pip_source() {  # UV_FLAG PIP_CONFIG_KEY PIP_ENV_VALUE
+  local value
+  # `pip config get` misses keys of some files (the constraint in
+  # /etc/xdg/pip/pip.conf); `pip config list` shows them all.
+  for value in ${3:-$(.venv/bin/python -m pip config list 2>/dev/null |
+    sed -n "s/^global\.$2='\(.*\)'\$/\1/p")}; do
+    UV_ARGS+=("$1" "$value")
+  done
 }
-for link in $(pip_config find-links) ${PIP_FIND_LINKS:-}; do
-  UV_ARGS+=(--find-links "$link")
-done
-for url in $(pip_config extra-index-url) ${PIP_EXTRA_INDEX_URL:-}; do
-  UV_ARGS+=(--extra-index-url "$url")
-done
-for url in $(pip_config index-url) ${PIP_INDEX_URL:-}; do
-  UV_ARGS+=(--index-url "$url")
-done
-for file in $(pip_config constraint) ${PIP_CONSTRAINT:-}; do
-  UV_ARGS+=(--constraint "$file")
-done
+pip_source --find-links find-links "${PIP_FIND_LINKS:-}"
+pip_source --extra-index-url extra-index-url "${PIP_EXTRA_INDEX_URL:-}"
+pip_source --index-url index-url "${PIP_INDEX_URL:-}"
+pip_source --constraint constraint "${PIP_CONSTRAINT:-}"
 .venv/bin/python -m pip install -q uv || true
 
 install() {
