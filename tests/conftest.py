@@ -65,6 +65,14 @@ def _recorded_durations():
         return {}
 
 
+def _shares_class_setup(cls):
+    """Whether `cls` or a test base class of it defines `setUpClass`."""
+    for klass in cls.__mro__:
+        if "setUpClass" in vars(klass):
+            return not klass.__module__.startswith(("unittest", "absl"))
+    return False
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     durations = _recorded_durations()
@@ -73,7 +81,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         cls = getattr(item, "cls", None)
         key = item.nodeid
-        if cls is not None and "setUpClass" in vars(cls):
+        if cls is not None and _shares_class_setup(cls):
             key = f"{item.nodeid.split('::')[0]}::{cls.__name__}"
             if grouping:
                 item.add_marker(pytest.mark.xdist_group(key))

@@ -4,6 +4,7 @@ import json
 import os
 import re
 import types
+import unittest
 
 import conftest
 import pytest
@@ -27,7 +28,11 @@ class _SharedSetup:
         pass
 
 
-class _PlainClass:
+class _InheritedSetup(_SharedSetup):
+    pass
+
+
+class _PlainClass(unittest.TestCase):
     pass
 
 
@@ -55,6 +60,7 @@ def test_slow_tests_first_and_shared_setup_classes_kept_together(monkeypatch):
         _Item("c.py::_PlainClass::test_one", _PlainClass),
         _Item("b.py::_SharedSetup::test_two", _SharedSetup),
         _Item("c.py::_PlainClass::test_two", _PlainClass),
+        _Item("d.py::_InheritedSetup::test_one", _InheritedSetup),
     ]
     conftest.pytest_collection_modifyitems(_config(xdist=True), items)
     assert [item.nodeid for item in items] == [
@@ -67,6 +73,7 @@ def test_slow_tests_first_and_shared_setup_classes_kept_together(monkeypatch):
         # Unrecorded tests keep their collection order.
         "a.py::test_new",
         "c.py::_PlainClass::test_one",
+        "d.py::_InheritedSetup::test_one",
     ]
     groups = {
         item.nodeid: [mark.kwargs.get("name", mark.args) for mark in item.marks]
@@ -76,6 +83,9 @@ def test_slow_tests_first_and_shared_setup_classes_kept_together(monkeypatch):
     assert groups["b.py::_SharedSetup::test_two"] == [("b.py::_SharedSetup",)]
     assert groups["c.py::_PlainClass::test_two"] == []
     assert groups["a.py::test_slow"] == []
+    assert groups["d.py::_InheritedSetup::test_one"] == [
+        ("d.py::_InheritedSetup",)
+    ]
 
 
 def test_no_group_marks_without_xdist(monkeypatch):
