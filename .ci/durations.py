@@ -30,11 +30,11 @@ def parse(lines):
 
 
 def main(backend, reports):
-    seconds = {}
+    lines = []
     for report in reports:
         with open(report, errors="replace") as f:
-            for nodeid, value in parse(f).items():
-                seconds[nodeid] = seconds.get(nodeid, 0.0) + value
+            lines += f.readlines()
+    seconds = parse(lines)
     if not seconds:
         sys.exit(f"no `--durations` lines in {reports}")
     try:
@@ -44,7 +44,7 @@ def main(backend, reports):
         recorded = {}
     recorded[backend] = {
         nodeid: round(value, 1)
-        for nodeid, value in sorted(seconds.items(), key=lambda kv: -kv[1])
+        for nodeid, value in seconds.items()
         if value >= MIN_SECONDS
     }
     with open(PATH, "w") as f:

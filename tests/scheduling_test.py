@@ -1,5 +1,6 @@
 """The test order for pytest-xdist (tests/conftest.py) and its record."""
 
+import importlib.util
 import json
 import os
 import re
@@ -10,6 +11,15 @@ import conftest
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _durations_script():
+    spec = importlib.util.spec_from_file_location(
+        "durations", os.path.join(ROOT, ".ci", "durations.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class _Item:
@@ -101,18 +111,21 @@ def test_recorded_tests_still_exist():
     with open(os.path.join(ROOT, "tests", "durations.json")) as f:
         recorded = json.load(f)
     assert set(recorded) == {"tensorflow", "jax", "torch"}
+    min_seconds = _durations_script().MIN_SECONDS
+    defined = {}
     missing = []
     for backend, tests in recorded.items():
         assert tests, backend
         for nodeid, seconds in tests.items():
-            assert seconds >= 5.0, nodeid
+            assert seconds >= min_seconds, nodeid
             path, *names = nodeid.split("::")
             # pytest's parameters: "[...]".
             name = re.sub(r"\[.*\]$", "", names[-1])
-            source = open(os.path.join(ROOT, path)).read()
+            if path not in defined:
+                with open(os.path.join(ROOT, path)) as f:
+                    defined[path] = re.findall(r"def (test\w*)\(", f.read())
             # absl's parameters append an index or "_name" to the method.
-            defined = re.findall(r"def (test\w*)\(", source)
-            if not any(name.startswith(test) for test in defined):
+            if not any(name.startswith(test) for test in defined[path]):
                 missing.append(f"{backend}: {nodeid}")
     assert not missing, missing
 
@@ -133,11 +146,5 @@ def test_recorded_tests_still_exist():
     ],
 )
 def test_durations_script_reads_reports(line, nodeid, seconds):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "durations", os.path.join(ROOT, ".ci", "durations.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.parse([line, "== 3 passed"]) == {nodeid: seconds}
+    parsed = _durations_script().parse([line, "== 3 passed"])
+    assert parsed == {nodeid: seconds}
