@@ -9,7 +9,6 @@ class's logit with respect to the token's input embedding.
 import keras
 import numpy as np
 from keras import ops
-from scipy import stats
 
 from keras_attnvariants.evaluation import as_numpy
 from keras_attnvariants.evaluation import key_attention_totals
@@ -154,6 +153,10 @@ def kendall_tau(first, second, mask=None):
             f"`mask` must be {first.shape} booleans like `first`. "
             f"Received: mask.shape={np.shape(mask)}"
         )
+    # Imported here: scipy.stats takes 0.6-0.9 s to import, in every
+    # process that imports this package, most of which never rank.
+    from scipy import stats
+
     taus = []
     for a, b, m in zip(first, second, as_numpy(mask, bool)):
         # scipy warns on fewer than two samples; the answer is NaN anyway.
