@@ -1225,6 +1225,9 @@ def finish_worker(backend, process, log, out_path):
         process.wait()
         code = "timeout"
     log.close()
+    if PROFILE:  # the worker's section times
+        with open(out_path + ".log") as f:
+            print(f"{backend} worker:\n{f.read()}", file=sys.stderr)
     if code != 0:
         with open(out_path + ".log") as f:
             raise AssertionError(
