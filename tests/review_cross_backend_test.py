@@ -1225,13 +1225,14 @@ def finish_worker(backend, process, log, out_path):
         process.wait()
         code = "timeout"
     log.close()
-    if PROFILE:  # the worker's section times
+    if PROFILE or code != 0:
         with open(out_path + ".log") as f:
-            print(f"{backend} worker:\n{f.read()}", file=sys.stderr)
-    if code != 0:
-        with open(out_path + ".log") as f:
+            output = f.read()
+        if PROFILE:  # the worker's section times
+            print(f"{backend} worker:\n{output}", file=sys.stderr)
+        if code != 0:
             raise AssertionError(
-                f"{backend} worker failed ({code}):\n{f.read()[-4000:]}"
+                f"{backend} worker failed ({code}):\n{output[-4000:]}"
             )
     return _load(out_path)
 
