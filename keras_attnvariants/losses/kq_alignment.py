@@ -416,6 +416,23 @@ class KQAlignment(AttentionLoss):
                 f"query with shape {tuple(query_shape)}"
             )
         num_heads, dim = query_shape[2], query_shape[3]
+        if self.method in ADVERSARIAL_METHODS:
+            # The adversary's weights are sized by the head size, and by the
+            # number of heads when there is one adversary per head (a None
+            # there built one shared adversary, silently).
+            unknown = []
+            if self.adversary_per_head and num_heads is None:
+                unknown.append("the number of heads N")
+            if dim is None:
+                unknown.append("the head size H")
+            if unknown:
+                raise ValueError(
+                    f"`method={self.method!r}` (adversary_per_head="
+                    f"{self.adversary_per_head}) sizes its adversary's "
+                    f"weights by {' and '.join(unknown)} of `query` "
+                    "(B, T, N, H): they must be known when the term is "
+                    f"built. Received: query with shape {tuple(query_shape)}"
+                )
         groups = num_heads if self.adversary_per_head else None
         hidden = self.hidden_dim or dim
         if self.method == "gan":

@@ -132,6 +132,14 @@ def guidance_pattern(
     ([0.0, 1.0, 0.0, 0.0], [0.333, 0.333, 0.333, 0.0])
     """
     _check_pattern_args(name, token_ids, token_id, edge_rows)
+    if padding_mask is None:
+        # Casting None fails in the backend, with a message naming no
+        # argument (each backend its own).
+        raise ValueError(
+            "`padding_mask` must be a boolean (B, T) mask, True = real "
+            "token (all True when nothing is padded). Received: "
+            "padding_mask=None"
+        )
     valid = ops.cast(padding_mask, "float32")  # (B, T)
     if len(valid.shape) != 2:
         raise ValueError(

@@ -440,6 +440,31 @@ class KQAlignmentTest(TestCase):
         kernel = [w for w in term.weights if "gate/kernel" in w.path][0]
         self.assertEqual(tuple(kernel.shape), (3, 4, 4))
 
+    @parameterized.parameters(
+        ("gan", True, (None, None, None, 4), "number of heads N"),
+        ("ct", True, (None, None, None, 4), "number of heads N"),
+        ("gan", False, (None, None, 3, None), "head size H"),
+    )
+    def test_adversary_sizes_must_be_known_at_build(
+        self, method, per_head, shape, unknown
+    ):
+        # A per-head adversary first built on symbolic queries of unknown
+        # head count was one shared adversary, silently.
+        term = KQAlignment(method=method, adversary_per_head=per_head)
+        with self.assertRaisesRegex(
+            ValueError, f"adversary_per_head={per_head}.*{unknown}"
+        ):
+            term(keras.Input(shape[1:]), keras.Input(shape[1:]))
+        # Without an adversary any head count and size can be symbolic.
+        for free in ("mmd", "ot"):
+            KQAlignment(method=free)(
+                keras.Input((None, None, None)), keras.Input((None, None, None))
+            )
+        # A shared adversary takes an unknown head count.
+        KQAlignment(method=method)(
+            keras.Input((None, None, 4)), keras.Input((None, None, 4))
+        )
+
     def test_match_over_heads_pairs_token_positions(self):
         q, _, q_mask, _ = projected(7)
         k = np.random.default_rng(8).normal(size=q.shape).astype("float32")

@@ -151,6 +151,10 @@ class GuidancePatternTest(TestCase):
     def test_padding_mask_must_be_batch_by_length(self):
         with self.assertRaisesRegex(ValueError, "padding_mask.*shape"):
             guidance_pattern("next", MASK[0])
+        # None (nothing padded, as the losses take it) is named too, not
+        # left to the backend's cast.
+        with self.assertRaisesRegex(ValueError, "padding_mask=None"):
+            guidance_pattern("next", None)
 
     @parameterized.parameters("first", "next", "prev", "delimiter")
     def test_matches_numpy_reference_on_random_masks(self, name):
