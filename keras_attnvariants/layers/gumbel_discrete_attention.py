@@ -12,8 +12,9 @@ from keras_attnvariants.ops.gumbel import argmax_indices
 from keras_attnvariants.ops.gumbel import gather_values
 from keras_attnvariants.ops.gumbel import gumbel_from_uniform
 from keras_attnvariants.ops.gumbel import one_hot_at
-from keras_attnvariants.ops.gumbel import relaxed_sample
+from keras_attnvariants.ops.gumbel import relaxed_logits
 from keras_attnvariants.ops.gumbel import rows_with_valid_key
+from keras_attnvariants.ops.gumbel import sample_of_logits
 from keras_attnvariants.ops.gumbel import selection_logits
 from keras_attnvariants.ops.gumbel import straight_through
 from keras_attnvariants.ops.noise import distributed_uniform
@@ -80,9 +81,11 @@ def gumbel_training_weights(
         float32 weights shaped like `scores`.
     """
     noise, temperature = training_noise(scores, temperature, seed_generator)
-    weights = relaxed_sample(scores, noise, temperature, mask)
+    logits = relaxed_logits(scores, noise, temperature, mask)
+    weights = sample_of_logits(logits, mask)
     if straight:
-        weights = straight_through(weights, mask)
+        # The folded path's pick: argmax of the logits.
+        weights = straight_through(weights, mask, logits)
     return weights
 
 

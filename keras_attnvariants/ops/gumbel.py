@@ -328,8 +328,15 @@ def relaxed_sample(scores, noise, temperature=1.0, mask=None):
         distribution over its valid keys; masked entries and rows with no
         valid key are 0.
     """
-    y = relaxed_logits(scores, noise, temperature, mask)
-    return _finish(ops.softmax(y, axis=-1), mask)
+    return sample_of_logits(
+        relaxed_logits(scores, noise, temperature, mask), mask
+    )
+
+
+def sample_of_logits(logits, mask=None):
+    """`relaxed_sample` from its `relaxed_logits`: their softmax, 0 on
+    masked entries."""
+    return _finish(ops.softmax(logits, axis=-1), mask)
 
 
 def relaxed_logits(scores, noise, temperature=1.0, mask=None):
@@ -438,13 +445,18 @@ def one_hot_argmax(scores, mask=None):
     return one_hot_at(indices, ops.shape(scores)[-1], mask)
 
 
-def straight_through(soft, mask=None):
+def straight_through(soft, mask=None, logits=None):
     """Straight-through estimator: one-hot forward, `soft`'s gradient.
 
     Args:
         soft: float32 weights `(..., T, S)`, e.g. from `relaxed_sample`.
         mask: optional boolean mask broadcastable to `soft` (`ValueError`
             if its static shape is not).
+        logits: optional logits whose softmax `soft` is (`relaxed_logits`),
+            shaped like `soft`. The one-hot is then at their argmax, the
+            Gumbel-max sample at any temperature: at very high ones (1e6
+            and up) their softmax rounds to ties in float32, whose argmax
+            is the first valid key.
 
     Returns:
         `one_hot(argmax(soft)) + (soft - stop_gradient(soft))`: exactly
@@ -453,7 +465,17 @@ def straight_through(soft, mask=None):
     """
     soft = ops.cast(soft, "float32")
     _check_mask(mask, static_shape(soft), "`soft`")
-    hard = one_hot_at(argmax_indices(soft), ops.shape(soft)[-1], mask)
+    if logits is None:
+        pick = soft
+    else:
+        if static_shape(logits) != static_shape(soft):
+            raise ValueError(
+                "`logits` must have the shape of `soft` "
+                f"{static_shape(soft)}. Received: logits with shape "
+                f"{static_shape(logits)}"
+            )
+        pick = selection_logits(logits, mask)
+    hard = one_hot_at(argmax_indices(pick), ops.shape(soft)[-1], mask)
     # The bracket is exactly 0 forward, so the forward value is exactly hard.
     return hard + (soft - ops.stop_gradient(soft))
 

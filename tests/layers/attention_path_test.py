@@ -288,6 +288,32 @@ class FoldedPathTest(TestCase):
         one_hot = np.all((weights == 0) | (weights == 1))
         self.assertEqual(one_hot, straight)
 
+    def test_gumbel_straight_through_paths_pick_alike_at_high_temperature(self):
+        # At T = 1e8 the relaxed weights round to ties in float32: the
+        # materialized path took their argmax (the first valid key in 2 of
+        # 3 rows) where the folded one takes the logits' (the Gumbel-max
+        # sample); outputs differed by 0.3.
+        rng = np.random.default_rng(2)
+        query = rng.normal(size=(2, 6, 4)).astype("float32")
+        mask = rng.random((2, 6, 6)) < 0.8
+        folded, materialized = _layer_pair(
+            GumbelDiscreteAttention, temperature=1e8, straight_through=True
+        )
+        out = folded(query, query, attention_mask=mask, training=True)
+        want, weights = materialized(
+            query,
+            query,
+            attention_mask=mask,
+            training=True,
+            return_attention_scores=True,
+        )
+        self.assertAllClose(
+            ops.convert_to_numpy(out), ops.convert_to_numpy(want), atol=1e-6
+        )
+        picks = np.argmax(ops.convert_to_numpy(weights), -1)
+        first_valid = np.argmax(mask, -1)[:, None]
+        self.assertLess(np.mean(picks == first_valid), 0.5)
+
 
 class _QueryProbe(AttentionLoss):
     """Reads only the queries; records the weights its context held."""

@@ -179,6 +179,22 @@ class GumbelOpsTest(TestCase):
             np.argmax(hard, -1), np.argmax(ops.convert_to_numpy(soft), -1)
         )
 
+    def test_straight_through_picks_the_logits_argmax_when_given(self):
+        # Logits too flat for float32's softmax: the weights tie, and their
+        # own argmax is the first valid key, not the logits' argmax.
+        scores, mask = inputs(5)
+        logits = gumbel.relaxed_logits(scores, 0.0, 1e9, mask)
+        soft = gumbel.sample_of_logits(logits, mask)
+        hard = gumbel.straight_through(soft, mask, logits)
+        hard = ops.convert_to_numpy(hard)
+        full = np.broadcast_to(np.asarray(mask), hard.shape)
+        want = np.argmax(np.where(full, np.asarray(scores), -np.inf), -1)
+        rows = full.any(-1)
+        self.assertAllEqual(np.argmax(hard, -1)[rows], want[rows])
+        self.assertTrue(np.all(hard[~full] == 0))
+        with self.assertRaisesRegex(ValueError, "`logits` must have"):
+            gumbel.straight_through(soft, mask, logits[..., :1])
+
     def test_extreme_and_non_finite_scores_stay_finite(self):
         scores = np.array([[[1e30, -1e30, np.inf, -np.inf]]], "float32")
         mask = np.array([[[True, True, False, True]]])
