@@ -1,9 +1,13 @@
 """keras_attnvariants: attention variants from recent research for Keras 3."""
 
+# First: it quiets TensorFlow before it starts, in `python -m` runs.
+from keras_attnvariants import _startup as _startup  # noqa: I001
 from keras_attnvariants import analysis as analysis
 from keras_attnvariants import backbones as backbones
 from keras_attnvariants import callbacks as callbacks
 from keras_attnvariants import datasets as datasets
+from keras_attnvariants import distribute as distribute
+from keras_attnvariants import evaluation as evaluation
 from keras_attnvariants import layers as layers
 from keras_attnvariants import losses as losses
 from keras_attnvariants import ops as ops

@@ -4,9 +4,8 @@ import argparse
 import os
 import sys
 
-# TensorFlow's C++ start-up logs (CPU features, CUDA probing) buried the
-# one-line errors and the demo's output; a user's own setting wins.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow's C++ start-up logs are quieted by `keras_attnvariants._startup`
+# (the package import, which `python -m` runs first, starts TensorFlow).
 
 COMMANDS = ("demo",)
 # NumPy's legacy seeding and `keras.utils.set_random_seed` take 32 bits.
@@ -160,6 +159,13 @@ def parse(argv):
                 "the demo needs the TensorFlow backend "
                 f"(KERAS_BACKEND=tensorflow), got KERAS_BACKEND={backend!r}"
             )
+        from keras_attnvariants.demo import requirements_problem
+
+        # Found missing after the training (matplotlib, for the plots),
+        # or after the output folders were made (keras-hub).
+        problem = requirements_problem()
+        if problem:
+            demo.error(problem)
     return args
 
 

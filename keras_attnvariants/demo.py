@@ -11,6 +11,7 @@ are checked. Without the data packages it says so and runs an embedded
 synthetic task on a small random BERT instead.
 """
 
+import importlib.util
 import json
 import os
 import time
@@ -353,6 +354,33 @@ def export_and_check(model, task, export_dir):
     return float(np.abs(want - np.asarray(got)).max())
 
 
+# Modules the demo imports only once it has trained (the plots) or while it
+# loads its task (keras-hub, the synthetic fallback's BERT too), with the
+# extra that installs each.
+REQUIREMENTS = (("keras_hub", "keras-hub"), ("matplotlib", "examples"))
+
+
+def missing_requirements():
+    """The `(module, extra)` pairs of `REQUIREMENTS` not installed."""
+    return [
+        (module, extra)
+        for module, extra in REQUIREMENTS
+        if importlib.util.find_spec(module) is None
+    ]
+
+
+def requirements_problem():
+    """What is missing and how to install it, in one line, or None."""
+    missing = missing_requirements()
+    if not missing:
+        return None
+    modules = ", ".join(module for module, _ in missing)
+    extras = ",".join(extra for _, extra in missing)
+    return (
+        f"the demo needs {modules}: pip install 'keras-attnvariants[{extras}]'"
+    )
+
+
 def run(
     size="default",
     variants=VARIANTS,
@@ -376,6 +404,8 @@ def run(
             (also with `jit_compile`), before anything runs.
         OSError: if `output` or `export_dir` cannot be created as folders,
             also before any training.
+        ImportError: if keras-hub or matplotlib is not installed, before
+            anything runs (they were found missing after the training).
     """
     from keras_attnvariants import distribute
     from keras_attnvariants.validation import check_int
@@ -383,6 +413,12 @@ def run(
     if size not in SIZES:
         raise ValueError(
             f"`size` must be one of {', '.join(SIZES)}. Received: size={size!r}"
+        )
+    if isinstance(variants, str):
+        # tuple("dnas") is four one-letter names.
+        raise ValueError(
+            "`variants` must be a sequence of variant names, e.g. "
+            f"({variants!r},). Received: variants={variants!r}"
         )
     variants = tuple(variants)
     unknown = [name for name in variants if name not in VARIANTS]
@@ -403,6 +439,10 @@ def run(
                 "`distribute.pick_strategy`). Received: jit_compile=True, "
                 f"cpu_replicas={cpu_replicas}"
             )
+    problem = requirements_problem()
+    if problem:
+        raise ImportError(problem[0].upper() + problem[1:])
+    if cpu_replicas is not None:
         distribute.split_cpu(cpu_replicas)
     start = time.time()
     os.makedirs(output, exist_ok=True)

@@ -52,7 +52,10 @@ def test_negative_seed_gives_one_line_error_before_running(capsys):
 
 
 def test_module_entry_point_exits_nonzero_without_traceback():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    # Without TF_CPP_MIN_LOG_LEVEL: the command line sets it before the
+    # package import starts TensorFlow (set in `__main__`, it came after,
+    # and TensorFlow's CPU-feature notice came ahead of the error).
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     out = subprocess.run(
         [sys.executable, "-m", "keras_attnvariants", "demo", "--bogus"],
         capture_output=True,
@@ -62,7 +65,73 @@ def test_module_entry_point_exits_nonzero_without_traceback():
     )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
+    assert "cpu_feature_guard" not in out.stderr, out.stderr
     assert out.stderr.strip().splitlines()[-1].endswith("(see --help)")
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["python", "-m", "keras_attnvariants", "demo"], True),
+        (["python", "-X", "utf8", "-mkeras_attnvariants"], True),
+        (["python", "-m", "pytest", "keras_attnvariants"], False),
+        (["python", "-c", "import keras_attnvariants"], False),
+        (["python", "-m"], False),
+        ([], False),
+    ],
+)
+def test_command_line_start_is_recognized(argv, expected):
+    from keras_attnvariants._startup import started_as_command_line
+
+    assert started_as_command_line(argv) is expected
+
+
+def _without(monkeypatch, missing):
+    """Makes `importlib.util.find_spec` report the modules `missing`."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name in missing else find_spec(name, *args),
+    )
+
+
+@pytest.mark.parametrize(
+    "missing, message",
+    [
+        (
+            ("matplotlib",),
+            "needs matplotlib: pip install 'keras-attnvariants[examples]'",
+        ),
+        (
+            ("keras_hub", "matplotlib"),
+            "needs keras_hub, matplotlib: pip "
+            "install 'keras-attnvariants[keras-hub,examples]'",
+        ),
+    ],
+)
+def test_missing_demo_requirements_fail_before_anything_runs(
+    missing, message, tmp_path, monkeypatch, capsys
+):
+    # Without matplotlib the demo trained every variant and then died in
+    # its plots with a traceback, leaving no table, summary or export;
+    # without keras-hub after making its folders.
+    from keras_attnvariants import demo
+    from keras_attnvariants import distribute
+
+    _without(monkeypatch, missing)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        parse(["demo", "--quick", "--output", str(out)])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+    monkeypatch.setattr(distribute, "pick_strategy", _refuse_to_start)
+    with pytest.raises(ImportError, match=message.replace("[", r"\[")):
+        demo.run(size="quick", output=str(out), export_dir=str(out / "x"))
+    assert not out.exists()
 
 
 def test_demo_key_totals_leave_out_padded_queries():
@@ -189,6 +258,11 @@ def _refuse_to_start(*args, **kwargs):
         ({"cpu_replicas": 0}, "cpu_replicas"),
         ({"cpu_replicas": "2"}, "cpu_replicas"),
         ({"cpu_replicas": 2, "jit_compile": True}, "jit_compile"),
+        # One string was its letters: variants=('d', 'n', 'a', 's').
+        (
+            {"variants": "dnas"},
+            r"a sequence of variant names, e.g. \('dnas',\)",
+        ),
     ],
 )
 def test_demo_run_rejects_bad_arguments_before_running(

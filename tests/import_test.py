@@ -10,9 +10,16 @@ def test_package_import_leaves_heavy_optional_modules_unloaded():
         "import json, sys, keras_attnvariants, keras_attnvariants.ops, "
         "keras_attnvariants.layers, keras_attnvariants.losses; "
         "print(json.dumps([m in sys.modules "
-        "for m in ('keras_hub', 'scipy.stats')]))"
+        "for m in ('keras_hub', 'scipy.stats')] + "
+        # The namespaces the README names after a plain import
+        # (`keras_attnvariants.distribute.pick_strategy()` was an
+        # AttributeError).
+        "[callable(keras_attnvariants.distribute.pick_strategy), "
+        "callable(keras_attnvariants.evaluation.expected_calibration_error)]"
+        "))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, False]
+    last = out.stdout.strip().splitlines()[-1]
+    assert json.loads(last) == [False, False, True, True]
