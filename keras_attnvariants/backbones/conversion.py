@@ -321,10 +321,25 @@ def _replace_self_attention(block, attention_class, attention_kwargs):
     # their own flags: `VariantAttention.trainable`).
     new.trainable = trainable
     # Untrack the old layer so its variables leave the block.
+    place = _tracked_index(block, old)
     block._tracker.unlock()
     block._tracker.untrack(old)
     block._self_attention_layer = new
     block._tracker.lock()
+    # In the old one's place among the block's sublayers: appended last,
+    # it moved its variables after the layer norms and the feedforward's in
+    # `weights`, and `set_weights(original.get_weights())` failed.
+    if place is not None and _tracked_index(block, new) is not None:
+        block._layers.remove(new)
+        block._layers.insert(place, new)
+
+
+def _tracked_index(block, layer):
+    """`layer`'s index among `block`'s tracked sublayers, or None."""
+    for index, tracked in enumerate(getattr(block, "_layers", ())):
+        if tracked is layer:
+            return index
+    return None
 
 
 def convert_in_place(backbone, attention_class, attention_kwargs):

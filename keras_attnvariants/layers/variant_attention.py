@@ -212,19 +212,26 @@ def _runtime_shape_checked(query, value, key):
 
 
 def _check_sizes(num_heads, key_dim, kwargs):
-    """`num_heads`, `key_dim` and, in `kwargs`, `value_dim`, `use_bias` and
-    `output_shape` checked and made Python values (in place for `kwargs`).
+    """`num_heads`, `key_dim` and, in `kwargs`, `value_dim`, `use_bias`,
+    `use_gate`, `sliding_window` and `output_shape` checked and made Python
+    values (in place for `kwargs`).
 
     Keras MHA took `num_heads=True` (and stored it in its config),
-    `use_bias="no"` and `output_shape=0` (ignored), and rejected NumPy ints
-    with a message that showed a valid-looking value.
+    `use_bias="no"` or `use_gate="no"` (a gate built) and `output_shape=0`
+    (ignored), and rejected NumPy ints (`sliding_window` too) with a
+    message that showed a valid-looking value.
     """
     num_heads = check_int("num_heads", num_heads)
     key_dim = check_int("key_dim", key_dim)
     if kwargs.get("value_dim") is not None:
         kwargs["value_dim"] = check_int("value_dim", kwargs["value_dim"])
-    if "use_bias" in kwargs:
-        kwargs["use_bias"] = check_bool("use_bias", kwargs["use_bias"])
+    for flag in ("use_bias", "use_gate"):
+        if flag in kwargs:
+            kwargs[flag] = check_bool(flag, kwargs[flag])
+    if kwargs.get("sliding_window") is not None:
+        kwargs["sliding_window"] = check_int(
+            "sliding_window", kwargs["sliding_window"]
+        )
     output_shape = kwargs.get("output_shape")
     if output_shape is not None:
         is_sequence = isinstance(output_shape, (list, tuple))

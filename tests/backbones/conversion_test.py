@@ -98,6 +98,34 @@ class ConvertBackboneTest(TestCase):
         cls.originals = {name: build() for name, build in ENCODERS.items()}
         cls.gpt2 = gpt2()
 
+    def test_converted_backbones_keep_the_weight_order(self):
+        # The new attention layer took the end of its block's sublayers:
+        # `weights` listed it after the layer norms and the feedforward, and
+        # `set_weights(original.get_weights())` failed on the shapes.
+        for name, original in self.originals.items():
+            converted = convert_backbone(
+                original, kav.DoublyNormalizedAttention
+            )
+            self.assertEqual(
+                [v.path for v in converted.weights],
+                [v.path for v in original.weights],
+                name,
+            )
+            values = [
+                np.full(v.shape, i, v.dtype)
+                for i, v in enumerate(original.weights)
+            ]
+            converted.set_weights(values)
+            for want, v in zip(values, converted.weights):
+                self.assertAllEqual(np.asarray(v), want)
+        # A decoder too (Gumbel adds its temperature, after the carried
+        # weights of its layer).
+        converted = convert_backbone(self.gpt2, kav.GumbelDiscreteAttention)
+        paths = [v.path for v in self.gpt2.weights]
+        self.assertEqual(
+            [v.path for v in converted.weights if v.path in paths], paths
+        )
+
     @parameterized.named_parameters(ENCODER_CASES)
     def test_hybrid_at_zero_is_lossless_and_adds_one_weight_per_layer(
         self, name

@@ -41,6 +41,10 @@ class ConstructorTest(TestCase):
         ("value_dim", {"value_dim": True}),
         ("use_bias", {"use_bias": "no"}),
         ("use_bias", {"use_bias": None}),
+        # "no" built a gate.
+        ("use_gate", {"use_gate": "no"}),
+        ("sliding_window", {"sliding_window": 0}),
+        ("sliding_window", {"sliding_window": 2.0}),
         ("output_shape", {"output_shape": 0}),
         ("output_shape", {"output_shape": (4, 0)}),
         ("output_shape", {"output_shape": ()}),
@@ -58,6 +62,8 @@ class ConstructorTest(TestCase):
             value_dim=np.int64(4),
             output_shape=np.int64(5),
             use_bias=np.bool_(False),
+            use_gate=np.bool_(False),
+            sliding_window=np.int64(2),
         )
         config = layer.get_config()
         for key, want in (
@@ -66,6 +72,8 @@ class ConstructorTest(TestCase):
             ("value_dim", 4),
             ("output_shape", (5,)),  # Keras MHA stores a tuple
             ("use_bias", False),
+            ("use_gate", False),
+            ("sliding_window", 2),
         ):
             self.assertIs(type(config[key]), type(want))
             self.assertEqual(config[key], want)
