@@ -167,7 +167,10 @@ def sinkhorn_plan(
     needs one `exp` pass per 10 iterations instead of two `logsumexp`
     passes per iteration. The column marginals are exact after the last
     iteration; the row marginals converge (within 1e-3 after the default
-    100 iterations on clouds of a few dozen points, see the tests).
+    100 iterations on clouds of a few dozen points, see the tests). The
+    convergence slows as `epsilon` shrinks (roughly `1 / epsilon`
+    iterations): at `epsilon=1e-3` and 100 iterations, row marginals of
+    32 x 32 clouds were 50-200% off; raise `iterations` with it.
 
     Args:
         cost: tensor `(..., n, m)`.
