@@ -160,9 +160,12 @@ def pick_strategy(tpu=None, cpu_replicas=None):
             tf.config.experimental_connect_to_cluster(resolver)
             tf.tpu.experimental.initialize_tpu_system(resolver)
         except (ValueError, RuntimeError, tf.errors.OpError) as error:
+            # "A TPU was found" read wrong for a name asked for (`"local"`
+            # on a host without one): the resolver exists either way.
             raise ValueError(
-                f"A TPU was found but could not be initialized: {error}. "
-                f"Received: tpu={tpu!r}"
+                f"The TPU {tpu or 'configured by the environment'!r} could "
+                f"not be connected or initialized: {error}. Received: "
+                f"tpu={tpu!r}"
             ) from error
         strategy = tf.distribute.TPUStrategy(resolver)
         _TPU_STRATEGIES[tpu] = strategy

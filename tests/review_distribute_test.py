@@ -85,3 +85,26 @@ def test_pick_strategy_without_any_tpu_does_not_try_a_local_one(monkeypatch):
     )
     assert distribute.pick_strategy().num_replicas_in_sync == 1
     assert asked == [None]
+
+
+def test_pick_strategy_names_a_tpu_that_fails_to_initialize(monkeypatch):
+    import tensorflow as tf
+
+    from keras_attnvariants import distribute
+
+    def fail(resolver):
+        raise tf.errors.NotFoundError(None, None, "TPUs not found")
+
+    monkeypatch.setattr(
+        tf.distribute.cluster_resolver,
+        "TPUClusterResolver",
+        lambda tpu=None: "resolver",
+    )
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", fail)
+    # It said "A TPU was found" for a name asked for on a host without one.
+    with pytest.raises(
+        ValueError,
+        match=r"^The TPU 'local' could not be connected or initialized: "
+        r".*TPUs not found.*Received: tpu='local'",
+    ):
+        distribute.pick_strategy(tpu="local")
