@@ -22,9 +22,10 @@ FLOP/s of the same repeat. Peak memory = peak bytes held by TensorFlow's
 CPU allocator during one step above those held before it (inputs,
 weights), in a fresh subprocess that runs the BFC allocator
 (`TF_CPU_ALLOCATOR_USE_BFC=true`), whose statistics count every tensor and
-every XLA temporary buffer. (The process RSS high-water mark, used before
-2026-11-25, missed the step's buffers: XLA:CPU reuses its memory between
-calls.)
+every XLA temporary buffer, its pool first grown by one region larger than
+any step (`RESERVE_MIB`) so that each buffer is counted at its own size.
+(The process RSS high-water mark, used before 2026-11-25, missed the step's
+buffers: XLA:CPU reuses its memory between calls.)
 
 Usage:
 
@@ -78,6 +79,14 @@ MODES = ("train", "infer")
 # TensorFlow's CPU allocator keeps statistics (current and peak bytes)
 # only as a BFC allocator.
 ALLOCATOR_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
+# One free region of this size, made before any step (`memory_child`). BFC
+# hands out a free chunk whole unless it is at least twice the request or
+# 128 MiB more; grown on demand its pool is power-of-two chunks, and the
+# cells read chunk sizes, not the step's bytes (until 2026-11-29: keras MHA
+# 128 MiB at S=512 where its step holds 69 at inference; two layers of one
+# compiled program 7.1 and 12.8 MiB). A region larger than every step is
+# split to the bytes requested; a step beyond it would grow the pool again.
+RESERVE_MIB = 4096
 
 
 def configurations(heads, key_dim):
@@ -244,8 +253,18 @@ def peak_increase_mib(call):
     return (peak - before) / 2**20
 
 
+def grow_pool(mib):
+    """Grows the BFC allocator's pool by one free region of `mib` MiB,
+    which later requests below it split to their own size (`RESERVE_MIB`)."""
+    reserve = tf.zeros([mib * 2**18], "float32")
+    np.asarray(reserve[:1])
+    del reserve
+    gc.collect()
+
+
 def memory_child(args):
     """Peak memory per configuration, mode and S; prints one JSON line."""
+    grow_pool(RESERVE_MIB)
     out = {}
     key_dim = args.dim // args.heads
     for length in args.lengths:
@@ -438,7 +457,10 @@ def report(args, info, results, memory, load_end, elapsed):
                 "tensor and XLA temporary buffer of the step, outputs and "
                 "gradients included; a fresh subprocess with the BFC "
                 "allocator (`TF_CPU_ALLOCATOR_USE_BFC=true`), whose "
-                "statistics these are. One (B, N, S, S) float32 tensor "
+                "statistics these are, its pool first grown by one "
+                f"{RESERVE_MIB // 1024} GiB region so that each buffer "
+                "counts at its own size, not as a power-of-two chunk. "
+                "One (B, N, S, S) float32 tensor "
                 "is "
                 + ", ".join(
                     f"{batch_for(args, s) * args.heads * s * s * 4 / 2**20:.0f}"

@@ -402,3 +402,40 @@ def test_flops_table_divides_by_keras_mha_of_the_same_length():
     # PyTorch steps have no count: no table rather than a wrong one.
     results[512]["Gumbel argmax"] = (1.0, 0.85, None, None)
     assert script.flops_table("infer", "float32", results) is None
+
+
+POOL_PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import tensorflow as tf
+import suite
+suite.grow_pool(int(sys.argv[2]))
+one = suite.peak_increase_mib(lambda: tf.zeros([40 * 2**18]))  # 40 MiB
+two = suite.peak_increase_mib(lambda: tf.random.uniform([40 * 2**18]) * 2.0)
+print(json.dumps([one, two]))
+"""
+
+
+@pytest.mark.skipif(
+    os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+    reason="TensorFlow's allocator statistics",
+)
+def test_suite_memory_counts_buffers_at_their_own_size():
+    # A pool grown on demand is power-of-two chunks, handed out whole below
+    # twice the request: the suite's cells read chunk sizes (keras MHA
+    # "128 MiB" at S=512, where its inference step holds 69). Here a
+    # 40 MiB tensor read 64 MiB, two of them 128.
+    import json
+    import subprocess
+
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true")
+    out = subprocess.run(
+        [sys.executable, "-c", POOL_PROBE, str(BENCHMARKS), "256"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    one, two = json.loads(out.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose([one, two], [40.0, 80.0], atol=0.01)
