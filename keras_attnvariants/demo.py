@@ -430,6 +430,9 @@ def run(
         )
     # The synthetic fallback seeds Keras with it: 32 bits.
     seed = check_int("seed", seed, low=0, high=2**32 - 1)
+    problem = requirements_problem()
+    if problem:
+        raise ImportError(problem[0].upper() + problem[1:])
     if cpu_replicas is not None:
         cpu_replicas = check_int("cpu_replicas", cpu_replicas)
         if jit_compile and cpu_replicas > 1:
@@ -439,10 +442,6 @@ def run(
                 "`distribute.pick_strategy`). Received: jit_compile=True, "
                 f"cpu_replicas={cpu_replicas}"
             )
-    problem = requirements_problem()
-    if problem:
-        raise ImportError(problem[0].upper() + problem[1:])
-    if cpu_replicas is not None:
         distribute.split_cpu(cpu_replicas)
     start = time.time()
     os.makedirs(output, exist_ok=True)
