@@ -153,7 +153,12 @@ def test_pick_strategy_found_tpu_that_fails_to_initialize_raises(monkeypatch):
         raise RuntimeError("TPU system initialization failed")
 
     monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", refuse)
-    with pytest.raises(ValueError, match="found but could not be init"):
+    with pytest.raises(
+        ValueError,
+        match=r"^The TPU 'configured by the environment' could not be "
+        r"connected or initialized: TPU system initialization failed\. "
+        r"Received: tpu=None$",
+    ):
         distribute.pick_strategy()
 
 
