@@ -9,6 +9,7 @@ outputs are float32.
 import functools
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attnvariants.ops import fused_sinkhorn
@@ -441,23 +442,28 @@ def conditional_transport_plans(logits, row_mask=None, col_mask=None):
     """
     logits = ops.cast(logits, "float32")
     _, _, valid = _pair_masks(logits, row_mask, col_mask, "logits")
+    # Masked pairs at -inf, below every valid logit however low: a finite
+    # fill (`MASK_FILL`, -1e9) became the maximum of a line whose valid
+    # logits all lay below it, and their weights underflowed to 0.
     # Both directions in place (no transposes): softmax over j, then over i.
-    logits = ops.where(valid, logits, MASK_FILL)
+    logits = ops.where(valid, logits, -np.inf)
     return (
-        _masked_softmax_along(logits, valid, -1),
-        _masked_softmax_along(logits, valid, -2),
+        _masked_softmax_along(logits, -1),
+        _masked_softmax_along(logits, -2),
     )
 
 
-def _masked_softmax_along(logits, valid, axis):
-    """Softmax of `logits` along `axis` over `valid` entries, 0 elsewhere
-    (empty for empty `logits`: `ops.max` raises on them)."""
+def _masked_softmax_along(logits, axis):
+    """Softmax of `logits` along `axis`, whose masked entries are `-inf`:
+    0 there, and 0 on a line without a finite entry (empty for empty
+    `logits`: `ops.max` raises on them)."""
     if statically_empty(logits):
         return ops.zeros_like(logits)
-    shifted = logits - ops.stop_gradient(
-        ops.amax(logits, axis=axis, keepdims=True)
-    )
-    weights = ops.where(valid, ops.exp(shifted), 0.0)
+    peak = ops.amax(logits, axis=axis, keepdims=True)
+    # A line with no valid entry: exp(-inf - 0) = 0, not exp(nan).
+    peak = ops.where(peak > -np.inf, peak, 0.0)
+    # exp(-inf) = 0 exactly, and so is its gradient.
+    weights = ops.exp(logits - ops.stop_gradient(peak))
     total = ops.sum(weights, axis=axis, keepdims=True)
     return weights / ops.maximum(total, 1e-30)
 

@@ -286,6 +286,31 @@ class ConditionalTransportTest(TestCase):
         )
         self.assertAllClose(got, want, atol=1e-6)
 
+    def test_masked_plans_and_cost_with_logits_below_any_fill(self):
+        # Valid logits near -2e9: a finite fill for the masked pairs
+        # (-1e9) became each line's maximum and the valid weights
+        # underflowed to 0 (row sums 0, the cost about halved).
+        cost, logits, row_mask, col_mask = masked_ct_inputs(4)
+        low = logits * 10.0 - 2e9
+        forward, backward = transport.conditional_transport_plans(
+            low, row_mask, col_mask
+        )
+        forward = ops.convert_to_numpy(forward)
+        backward = ops.convert_to_numpy(backward)
+        self.assertAllClose(forward[row_mask].sum(-1), np.ones(3))
+        self.assertAllClose(backward[:, col_mask].sum(0), np.ones(4))
+        c = cost[row_mask][:, col_mask]
+        z = low.astype("float64")[row_mask][:, col_mask]
+        want = np_conditional_transport(c, z, rho=0.5)
+        got = transport.conditional_transport_cost(
+            cost, low, row_mask, col_mask
+        )
+        self.assertAllClose(got, want, atol=1e-5)
+        unpadded = transport.conditional_transport_cost(
+            c, low[row_mask][:, col_mask]
+        )
+        self.assertAllClose(got, unpadded, atol=1e-6)
+
     def test_cosine_cost_range(self):
         x, y = clouds(2, 4, 5)
         cost = ops.convert_to_numpy(transport.cosine_cost(x, y))
