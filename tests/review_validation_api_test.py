@@ -214,6 +214,24 @@ def test_key_query_mmd_rejects_a_non_iterable_dataset(dataset):
         key_query_mmd(_mha_model(), dataset)
 
 
+def test_key_query_mmd_names_a_layer_attending_over_two_axes():
+    # Image-like attention over rows and columns: projected queries of
+    # rank 5 failed in the backend's transpose.
+    inputs = keras.Input((3, 4, 8))
+    mha = keras.layers.MultiHeadAttention(
+        2, 4, attention_axes=(1, 2), name="mha2d"
+    )
+    model = keras.Model(inputs, mha(inputs, inputs))
+    x = RNG.random((2, 3, 4, 8)).astype("float32")
+    with pytest.raises(
+        ValueError,
+        match=r"attend over one axis.*Received: layer 'mha2d' with "
+        r"attention_axes=\(1, 2\) and projected queries of shape "
+        r"\(2, 3, 4, 2, 4\)",
+    ):
+        key_query_mmd(model, [x])
+
+
 def test_record_attention_rejects_none():
     with pytest.raises(ValueError, match="Received: layers=None"):
         with record_attention(None):
@@ -287,6 +305,19 @@ def test_kq_alignment_says_a_one_row_key_mask_is_not_broadcast():
     key = RNG.random((2, 5, 2, 4)).astype("float32")
     with pytest.raises(
         ValueError, match=r"not broadcast.*Received: key_mask.shape=\(1, 5\)"
+    ):
+        KQAlignment(method="mmd")(query, key, key_mask=np.ones((1, 5), bool))
+
+
+def test_kq_alignment_refuses_a_one_row_mask_for_an_unknown_batch():
+    # Symbolic (batch unknown): the (1, T) mask was broadcast, where the
+    # eager call with a known batch refuses it.
+    query = keras.Input((3, 2, 4))
+    key = keras.Input((5, 2, 4))
+    with pytest.raises(
+        ValueError,
+        match=r"\(batch, length\) = \(None, 5\).*not broadcast.*"
+        r"Received: key_mask.shape=\(1, 5\)",
     ):
         KQAlignment(method="mmd")(query, key, key_mask=np.ones((1, 5), bool))
 

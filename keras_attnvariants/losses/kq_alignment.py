@@ -537,8 +537,13 @@ class KQAlignment(AttentionLoss):
             if mask is None:
                 continue
             shape = tuple(mask.shape)
-            if len(shape) != 2 or not all(
-                _same(a, b) for a, b in zip(shape, points)
+            # A static batch of 1 against an unknown one (traced): the
+            # mask would broadcast where the eager call refuses it.
+            one_row = len(shape) == 2 and shape[0] == 1 and points[0] != 1
+            if (
+                len(shape) != 2
+                or one_row
+                or not all(_same(a, b) for a, b in zip(shape, points))
             ):
                 # One row per example, as documented: unlike the attention
                 # layers' masks, a (1, length) mask is not broadcast.

@@ -191,6 +191,16 @@ def key_query_mmd(model, dataset, bandwidth=1.0, max_batches=None):
             model(inputs, training=False)
         for call in calls:
             name = labels[id(call.layer)]
+            if len(call.query.shape) != 4:
+                # `attention_axes` over several axes (an image's rows and
+                # columns): the backend's transpose failed on rank 5.
+                raise ValueError(
+                    "`model`'s attention layers must attend over one axis, "
+                    "with projected queries (batch, length, heads, "
+                    f"head_size). Received: layer {name!r} with "
+                    f"attention_axes={call.layer._attention_axes} and "
+                    f"projected queries of shape {tuple(call.query.shape)}"
+                )
             value, present = _per_head_mmd(
                 call.query,
                 call.key,
