@@ -118,6 +118,14 @@ def _normalize_head_map(head_map, allow_empty, per_layer_allowed=True):
                 f"`head_patterns` values must be one of {PATTERN_NAMES}. "
                 f"Received: head_patterns={head_map!r}"
             )
+        if int(head) in normalized:
+            # 0 and "0" (a key read back from a config): one of the two
+            # patterns was dropped.
+            raise ValueError(
+                "`head_patterns` must name each head once. Received: "
+                f"head_patterns={head_map!r}, which names head {int(head)} "
+                "twice"
+            )
         normalized[int(head)] = name
     return dict(sorted(normalized.items()))
 

@@ -46,6 +46,14 @@ class GuidanceReviewTest(TestCase):
         with self.assertRaisesRegex(ValueError, message):
             guidance_alpha(0, **kwargs)
 
+    def test_head_named_twice_is_refused(self):
+        # 0 and "0" (a config's key) were merged: "next" was dropped.
+        with self.assertRaisesRegex(
+            ValueError,
+            r"name each head once.*\{0: 'next', '0': 'prev'\}.*head 0 twice",
+        ):
+            AttentionGuidanceRegularizer({0: "next", "0": "prev"}, alpha=1.0)
+
     @parameterized.parameters("sum", "mean")
     def test_empty_sequence_gives_zero(self, reduction):
         # The valid-token mask sliced `weights[:, 0, 0, :]`, which failed
