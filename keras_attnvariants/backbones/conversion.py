@@ -23,9 +23,11 @@ import contextlib
 import functools
 import importlib
 import numbers
+import sys
 
 import keras
 from keras import ops
+from keras.src.saving import serialization_lib
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.losses.attention_loss import check_attention_loss_terms
@@ -210,19 +212,60 @@ def _class_reference(cls):
     }
 
 
-def _resolve_class(reference):
-    """The class a `_class_reference` names."""
+# The packages whose modules a saved config may make `_resolve_class`
+# import under `safe_mode=True`: those Keras 3.15 imports from (less
+# keras_cv, which holds no backbone or attention class) and this one.
+_SAFE_MODE_PACKAGES = ("keras", "keras_hub", "keras_nlp", "keras_attnvariants")
+
+
+def _resolve_class(reference, argument, expected, expected_name):
+    """The class a `_class_reference` names, a subclass of `expected`.
+
+    A class that is not registered (nor in `custom_objects`) is imported
+    from its module. Under `safe_mode=True` (Keras's default for
+    `load_model` and `deserialize_keras_object`) only modules of
+    `_SAFE_MODE_PACKAGES` are imported: a `.keras` file could otherwise run
+    any installed module's import-time code, which Keras itself refuses
+    since CVE-2025-1550. Outside any deserialization scope (a direct
+    `from_config`, as `first_layers` and cloning do) a module this process
+    has already imported is accepted too: importing it runs nothing.
+    `argument` names the config entry and `expected_name` the base class
+    in the errors.
+    """
     cls = keras.saving.get_registered_object(reference["registered_name"])
-    if cls is None and reference["module"] != "__main__":
-        module = importlib.import_module(reference["module"])
-        cls = getattr(module, reference["class_name"], None)
+    module = reference["module"]
+    if cls is None and module != "__main__":
+        safe_mode = serialization_lib.in_safe_mode()
+        if module.split(".", maxsplit=1)[0] not in _SAFE_MODE_PACKAGES and (
+            safe_mode or (safe_mode is None and module not in sys.modules)
+        ):
+            raise ValueError(
+                f"Refusing to import the module {module!r} named by "
+                f"`{argument}` of a converted backbone in safe mode: only "
+                "keras, keras_hub, keras_nlp and keras_attnvariants modules "
+                "are imported from a saved file. Register the class with "
+                "`@keras.saving.register_keras_serializable()` and import "
+                "it before loading (or pass it in `custom_objects`), or, if "
+                "you trust the file, load it with `safe_mode=False` (or "
+                "call `keras.config.enable_unsafe_deserialization()`). "
+                f"Received: {argument}={reference!r}"
+            )
+        cls = getattr(
+            importlib.import_module(module), reference["class_name"], None
+        )
     if cls is None:
         raise ValueError(
             "Cannot find the class "
             f"{reference['module']}.{reference['class_name']} needed to "
             "rebuild a converted backbone. Register it with "
             "`@keras.saving.register_keras_serializable()` and import it "
-            f"before loading. Received: {reference}"
+            f"before loading. Received: {argument}={reference!r}"
+        )
+    if not (isinstance(cls, type) and issubclass(cls, expected)):
+        raise ValueError(
+            f"`{argument}` of a converted backbone must name a subclass of "
+            f"`{expected_name}`. Received: {argument}={reference!r} "
+            f"(resolved to {cls!r})"
         )
     return cls
 
@@ -459,7 +502,12 @@ class ConvertedBackbone:
         super().__init__(*args, **kwargs)
         attention_class = attention_config["attention_class"]
         if not isinstance(attention_class, type):
-            attention_class = _resolve_class(attention_class)
+            attention_class = _resolve_class(
+                attention_class,
+                "attention_class",
+                keras.layers.MultiHeadAttention,
+                "keras.layers.MultiHeadAttention",
+            )
         attention_kwargs = {
             key: _live(value)
             for key, value in attention_config["attention_kwargs"].items()
@@ -540,9 +588,14 @@ class ConvertedBackbone:
 
     @classmethod
     def from_config(cls, config):
-        import_keras_hub()
+        keras_hub = import_keras_hub()
         config = dict(config)
-        base = _resolve_class(config.pop("base_class"))
+        base = _resolve_class(
+            config.pop("base_class"),
+            "base_class",
+            keras_hub.models.Backbone,
+            "keras_hub.models.Backbone",
+        )
         converted = converted_class(base)
         # keras-hub's `Backbone.from_config`, with the converted class.
         return base.from_config.__func__(converted, config)

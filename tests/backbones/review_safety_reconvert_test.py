@@ -1,0 +1,158 @@
+"""Converted-backbone findings of a keras-hub review (2026-12-01), each a
+test that fails without its fix.
+
+- `load_model(..., safe_mode=True)` imported any module a `.keras` file
+  named for an unregistered `attention_class` or `base_class` (its
+  import-time code ran), and the resolved `base_class` was not checked.
+"""
+
+import json
+import os
+import sys
+import textwrap
+import zipfile
+
+import keras
+import numpy as np
+import pytest
+from conversion_serialization_test import inputs
+from conversion_serialization_test import numpy_outputs
+from conversion_serialization_test import tiny_bert
+
+import keras_attnvariants as kav
+
+keras_hub = pytest.importorskip(
+    "keras_hub", reason="keras-hub (optional extra) is not installed"
+)
+from keras_attnvariants.backbones import convert_backbone  # noqa: E402
+from keras_attnvariants.backbones import self_attention_layers  # noqa: E402
+
+# An unregistered user attention class in a module of its own; importing
+# the module is what a `.keras` file must not make safe mode do.
+USER_MODULE = "kav_review_user_attention"
+USER_SOURCE = textwrap.dedent(
+    """
+    import keras
+
+    class UserAttention(keras.layers.MultiHeadAttention):
+        pass
+    """
+)
+
+
+def _sequence(backbone):
+    return numpy_outputs(backbone(inputs()))["sequence_output"]
+
+
+def _rewrite_config(source, target, edit):
+    """Copies the `.keras` file `source` to `target`, with `edit` applied
+    to the backbone's config (a dict, changed in place)."""
+    with zipfile.ZipFile(source) as archive:
+        files = {name: archive.read(name) for name in archive.namelist()}
+    config = json.loads(files["config.json"])
+    edit(config["config"])
+    files["config.json"] = json.dumps(config).encode()
+    with zipfile.ZipFile(target, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return target
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """The module `USER_MODULE`, importable from `tmp_path`; removed from
+    `sys.modules` again at the end."""
+    (tmp_path / f"{USER_MODULE}.py").write_text(USER_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, USER_MODULE, raising=False)
+    yield
+    sys.modules.pop(USER_MODULE, None)
+
+
+def test_safe_mode_imports_no_module_a_file_names(tmp_path, user_module):
+    saved = os.path.join(tmp_path, "dnas.keras")
+    convert_backbone(tiny_bert(), kav.DoublyNormalizedAttention).save(saved)
+    reference = {
+        "registered_name": "nobody>UserAttention",
+        "module": USER_MODULE,
+        "class_name": "UserAttention",
+    }
+    for argument in ("attention_class", "base_class"):
+
+        def edit(config, argument=argument):
+            if argument == "base_class":
+                config["base_class"] = dict(reference)
+            else:
+                config["attention_config"][argument] = dict(reference)
+
+        path = _rewrite_config(saved, str(tmp_path / f"{argument}.keras"), edit)
+        with pytest.raises(
+            ValueError,
+            match=f"Refusing to import the module '{USER_MODULE}' named by "
+            f"`{argument}`.*safe_mode=False",
+        ):
+            keras.saving.load_model(path, safe_mode=True)
+        assert USER_MODULE not in sys.modules
+    # Keras's own `deserialize_keras_object` is in safe mode by default.
+    config = keras.saving.serialize_keras_object(
+        convert_backbone(tiny_bert(), kav.DoublyNormalizedAttention)
+    )
+    config["config"]["attention_config"]["attention_class"] = reference
+    with pytest.raises(ValueError, match="Refusing to import"):
+        keras.saving.deserialize_keras_object(config)
+    assert USER_MODULE not in sys.modules
+
+
+def test_unregistered_user_class_loads_with_safe_mode_false(
+    tmp_path, user_module
+):
+    import kav_review_user_attention
+
+    converted = convert_backbone(
+        tiny_bert(), kav_review_user_attention.UserAttention
+    )
+    expected = _sequence(converted)
+    path = os.path.join(tmp_path, "user.keras")
+    converted.save(path)
+    # Rebuilt in this process, where the module is imported: as before.
+    clone = type(converted).from_config(converted.get_config())
+    assert type(self_attention_layers(clone)[0]).__name__ == "UserAttention"
+    # A fresh process has not imported it: safe mode refuses, ...
+    del sys.modules[USER_MODULE]
+    with pytest.raises(ValueError, match="Refusing to import"):
+        keras.saving.load_model(path)
+    assert USER_MODULE not in sys.modules
+    # ... `safe_mode=False` imports it.
+    reloaded = keras.saving.load_model(path, safe_mode=False)
+    layers = self_attention_layers(reloaded)
+    assert all(type(x).__name__ == "UserAttention" for x in layers)
+    np.testing.assert_allclose(_sequence(reloaded), expected, atol=1e-6)
+
+
+def test_resolved_classes_must_be_attention_and_backbone(tmp_path):
+    saved = os.path.join(tmp_path, "dnas.keras")
+    convert_backbone(tiny_bert(), kav.DoublyNormalizedAttention).save(saved)
+    dense = {
+        "registered_name": "Dense",
+        "module": "keras.src.layers.core.dense",
+        "class_name": "Dense",
+    }
+    for argument, base in (
+        ("attention_class", "keras.layers.MultiHeadAttention"),
+        ("base_class", "keras_hub.models.Backbone"),
+    ):
+
+        def edit(config, argument=argument):
+            if argument == "base_class":
+                config["base_class"] = dict(dense)
+            else:
+                config["attention_config"][argument] = dict(dense)
+
+        path = _rewrite_config(saved, str(tmp_path / f"{argument}.keras"), edit)
+        for safe_mode in (True, False):
+            with pytest.raises(
+                ValueError,
+                match=f"`{argument}` of a converted backbone must name a "
+                f"subclass of `{base}`. Received: {argument}=.*Dense",
+            ):
+                keras.saving.load_model(path, safe_mode=safe_mode)
