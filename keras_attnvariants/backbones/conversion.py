@@ -27,9 +27,11 @@ import sys
 
 import keras
 from keras import ops
+from keras.src.backend import compute_output_spec
 from keras.src.saving import serialization_lib
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
+from keras_attnvariants.layers.variant_attention import apply_frozen_flag
 from keras_attnvariants.losses.attention_loss import check_attention_loss_terms
 from keras_attnvariants.losses.attention_loss import term_flags
 from keras_attnvariants.losses.attention_loss import token_ids_scope
@@ -450,6 +452,38 @@ def _live(value):
     return value
 
 
+def _build_terms(backbone, attention_losses):
+    """Builds the attached terms that their attention layers' `build` left
+    unbuilt (a user term holding a `Dense` of its own), by one symbolic
+    call of `backbone`.
+
+    `build_for_attention` cannot build a term's sublayers, whose input
+    shapes only a call shows. A symbolic call runs the unbuilt terms
+    (`VariantAttention._losses_active`) on the contexts, token ids
+    included, of a real forward pass, and adds no loss. Built only at
+    their first training step before, such a term's weights did not exist
+    when a `.keras` file was loaded into the rebuilt backbone: Keras
+    skipped them without an error, and they trained again from a new
+    initialization. A frozen term freezes the weights built here (created
+    trainable, they trained).
+    """
+    unbuilt = [term for term in attention_losses or () if not term.built]
+    if not unbuilt:
+        return
+    # Two examples of two tokens: with unknown sizes the position
+    # embeddings failed on JAX and PyTorch (a length over
+    # `max_sequence_length` could not be ruled out).
+    inputs = keras.tree.map_structure(
+        lambda x: keras.KerasTensor(
+            tuple(2 if dim is None else dim for dim in x.shape), x.dtype
+        ),
+        backbone.input,
+    )
+    compute_output_spec(backbone.call, inputs)
+    for term in unbuilt:
+        apply_frozen_flag(term)
+
+
 class _LiveAttention:
     """A converted backbone's attention class and kwargs (live objects)."""
 
@@ -519,6 +553,7 @@ class ConvertedBackbone:
         convert_in_place(self, attention_class, attention_kwargs)
         for layer, trainable in flags:
             layer.trainable = trainable
+        _build_terms(self, attention_kwargs.get("attention_losses"))
         # The live kwargs, serialized when a config is asked for: a term
         # frozen (or otherwise changed) after the conversion was saved as
         # it was at conversion time, and came back trainable. Held in a
@@ -902,6 +937,7 @@ def convert_backbone(
     # (each converted layer takes its block's flag) had already unfrozen a
     # term the caller froze.
     saved_flags = term_flags(attention_losses)
+    unbuilt = [term for term in attention_losses or () if not term.built]
     result = base.from_config.__func__(converted, config)
     _carry_lora(backbone, result)
     copy_weights_by_path(backbone, result)
@@ -927,4 +963,9 @@ def convert_backbone(
             layer.trainable = attention_kwargs["trainable"]
     for layer, trainable in saved_flags:
         layer.trainable = trainable
+    for term in unbuilt:
+        # Its weights were made by the rebuild, after `saved_flags` was
+        # read, and Keras creates them trainable: a frozen term freezes
+        # them.
+        apply_frozen_flag(term)
     return result

@@ -4,6 +4,10 @@ test that fails without its fix.
 - `load_model(..., safe_mode=True)` imported any module a `.keras` file
   named for an unregistered `attention_class` or `base_class` (its
   import-time code ran), and the resolved `base_class` was not checked.
+- A user-written term with a sublayer of its own lost its trained weights
+  on a `.keras` reload: the rebuilt term was unbuilt, Keras skipped its
+  weights without an error, and the first training step initialized them
+  anew.
 """
 
 import json
@@ -18,8 +22,11 @@ import pytest
 from conversion_serialization_test import inputs
 from conversion_serialization_test import numpy_outputs
 from conversion_serialization_test import tiny_bert
+from keras import ops
 
 import keras_attnvariants as kav
+from keras_attnvariants.losses import AttentionLoss
+from keras_attnvariants.losses import batch_mean
 
 keras_hub = pytest.importorskip(
     "keras_hub", reason="keras-hub (optional extra) is not installed"
@@ -156,3 +163,68 @@ def test_resolved_classes_must_be_attention_and_backbone(tmp_path):
                 f"subclass of `{base}`. Received: {argument}=.*Dense",
             ):
                 keras.saving.load_model(path, safe_mode=safe_mode)
+
+
+@keras.saving.register_keras_serializable(package="kav_review_tests")
+class ProjectedQueryTerm(AttentionLoss):
+    """A user term with a sublayer of its own: the mean square of a Dense
+    projection of the queries."""
+
+    needs_attention_weights = False
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.projection = keras.layers.Dense(1, name="projection")
+
+    def compute_loss_value(self, query):
+        squares = ops.square(self.projection(query))
+        return batch_mean(ops.mean(squares, axis=(1, 2, 3)))
+
+    def from_attention(self, context):
+        return self(context["query"], training=True)
+
+
+def _term_kernel(backbone):
+    term = self_attention_layers(backbone)[0].attention_losses[0]
+    assert term.built and len(term.weights) == 2
+    return keras.ops.convert_to_numpy(term.projection.kernel)
+
+
+def test_user_term_with_a_sublayer_keeps_its_weights(tmp_path):
+    term = ProjectedQueryTerm(name="probe")
+    converted = convert_backbone(
+        tiny_bert(), kav.HybridAttention, attention_losses=[term]
+    )
+    # Built by the conversion, under the first converted layer's path.
+    assert sorted(v.path for v in term.weights) == [
+        "transformer_layer_0/self_attention_layer/probe/projection/bias",
+        "transformer_layer_0/self_attention_layer/probe/projection/kernel",
+    ]
+    # Trained values: not those of a fresh initialization.
+    term.projection.kernel.assign(np.linspace(-1.0, 1.0, 4).reshape(4, 1))
+    expected = _term_kernel(converted)
+    path = os.path.join(tmp_path, "term.keras")
+    converted.save(path)
+    reloaded = keras.saving.load_model(path)
+    np.testing.assert_array_equal(_term_kernel(reloaded), expected)
+    # Rebuilt from the config, it takes the weights (there were fewer).
+    clone = type(converted).from_config(converted.get_config())
+    clone.set_weights(converted.get_weights())
+    np.testing.assert_array_equal(_term_kernel(clone), expected)
+
+
+def test_frozen_user_term_with_a_sublayer_stays_frozen(tmp_path):
+    frozen = ProjectedQueryTerm(name="probe", trainable=False)
+    converted = convert_backbone(
+        tiny_bert(), kav.HybridAttention, attention_losses=[frozen]
+    )
+    path = os.path.join(tmp_path, "frozen.keras")
+    converted.save(path)
+    for backbone in (
+        converted,
+        type(converted).from_config(converted.get_config()),
+        keras.saving.load_model(path),
+    ):
+        term = self_attention_layers(backbone)[0].attention_losses[0]
+        assert not term.trainable and len(term.weights) == 2
+        assert not [v for v in backbone.trainable_weights if "probe" in v.path]
