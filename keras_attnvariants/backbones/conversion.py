@@ -741,7 +741,7 @@ def copy_weights_by_path(source, target):
         variable.assign(keras.ops.copy(value))
 
 
-def _carry_lora(source, target):
+def carry_lora(source, target):
     """LoRA on every layer of `target` whose `source` layer of the same
     path has it (the attention projections, and any other layer keras-hub's
     `enable_lora(target_layer_names=...)` reached).
@@ -939,7 +939,7 @@ def convert_backbone(
     saved_flags = term_flags(attention_losses)
     unbuilt = [term for term in attention_losses or () if not term.built]
     result = base.from_config.__func__(converted, config)
-    _carry_lora(backbone, result)
+    carry_lora(backbone, result)
     copy_weights_by_path(backbone, result)
     copy_trainable_by_path(backbone, result)
     if "hybrid_init" in attention_kwargs:

@@ -4,6 +4,7 @@ import numbers
 
 from keras import ops
 
+from keras_attnvariants.backbones.conversion import carry_lora
 from keras_attnvariants.backbones.conversion import copy_trainable_by_path
 from keras_attnvariants.backbones.conversion import import_keras_hub
 from keras_attnvariants.datasets.offline import minilm_path
@@ -87,9 +88,11 @@ def first_layers(backbone, num_layers):
 
     The copy has the same class and configuration except `num_layers`
     (and ALBERT's `num_groups`); its embeddings, first blocks and pooler
-    hold the original's weights and `trainable` flags, copied by path, so
-    its layers compute what the original's first `num_layers` do. A quick
-    way to make a pretrained encoder cheap for smoke runs.
+    hold the original's weights and `trainable` flags, copied by path, and
+    its LoRA adapters where the original has LoRA enabled (same rank and
+    alpha), so its layers compute what the original's first `num_layers`
+    do and train the same variables. A quick way to make a pretrained
+    encoder cheap for smoke runs.
 
     ALBERT with `num_groups > 1` runs each group of shared blocks
     `num_layers // num_groups` times in a row, and keras-hub needs every
@@ -128,6 +131,9 @@ def first_layers(backbone, num_layers):
             num_layers, backbone.num_layers, config["num_groups"]
         )
     truncated = type(backbone).from_config(config)
+    # keras-hub's config does not hold LoRA: without this the copy had no
+    # adapters (it computed something else) and its kernels stayed frozen.
+    carry_lora(backbone, truncated)
     source = {variable.path: variable for variable in backbone.weights}
     for variable in truncated.weights:
         # A copy (on JAX `assign` would share the buffer; see

@@ -8,6 +8,8 @@ test that fails without its fix.
   on a `.keras` reload: the rebuilt term was unbuilt, Keras skipped its
   weights without an error, and the first training step initialized them
   anew.
+- `first_layers` of a backbone with LoRA dropped the adapters: the copy
+  computed something else and trained only the query and value biases.
 """
 
 import json
@@ -32,6 +34,7 @@ keras_hub = pytest.importorskip(
     "keras_hub", reason="keras-hub (optional extra) is not installed"
 )
 from keras_attnvariants.backbones import convert_backbone  # noqa: E402
+from keras_attnvariants.backbones import first_layers  # noqa: E402
 from keras_attnvariants.backbones import self_attention_layers  # noqa: E402
 
 # An unregistered user attention class in a module of its own; importing
@@ -228,3 +231,43 @@ def test_frozen_user_term_with_a_sublayer_stays_frozen(tmp_path):
         term = self_attention_layers(backbone)[0].attention_losses[0]
         assert not term.trainable and len(term.weights) == 2
         assert not [v for v in backbone.trainable_weights if "probe" in v.path]
+
+
+def _lora_bert():
+    backbone = tiny_bert()
+    backbone.enable_lora(rank=2)
+    for layer in self_attention_layers(backbone):
+        for dense in (layer._query_dense, layer._value_dense):
+            # Trained adapters: B starts at 0.
+            shape = dense.lora_kernel_b.shape
+            dense.lora_kernel_b.assign(
+                np.random.default_rng(0).normal(size=shape).astype("float32")
+            )
+    return backbone
+
+
+def _trainable(backbone):
+    return sorted(v.path for v in backbone.trainable_weights)
+
+
+def test_first_layers_keeps_lora():
+    original = _lora_bert()
+    converted = convert_backbone(original, kav.HybridAttention, hybrid_init=0)
+    data = inputs()
+    valid = data["padding_mask"].astype(bool)
+    for backbone in (original, converted):
+        full = first_layers(backbone, backbone.num_layers)
+        np.testing.assert_allclose(
+            _sequence(full)[valid], _sequence(backbone)[valid], atol=1e-6
+        )
+        # The adapters train, the kernels under them stay frozen.
+        assert _trainable(full) == _trainable(backbone)
+        assert any("lora_kernel_a" in p for p in _trainable(full))
+        one = first_layers(backbone, 1)
+        assert [
+            layer._query_dense.lora_enabled
+            for layer in self_attention_layers(one)
+        ] == [True]
+        assert _trainable(one) == [
+            p for p in _trainable(backbone) if "transformer_layer_1" not in p
+        ]
