@@ -22,6 +22,7 @@ nothing and works without keras-hub installed.
 import contextlib
 import functools
 import importlib
+import inspect
 import numbers
 import sys
 
@@ -802,6 +803,55 @@ def copy_trainable_by_path(source, target):
             variable.trainable = variables[variable.path]
 
 
+def _accepted_arguments(attention_class):
+    """Names of the constructor arguments `attention_class` takes: the
+    named parameters of each `__init__` along its MRO, for as long as they
+    pass `**kwargs` on (down to `keras.layers.Layer`'s)."""
+    names = set()
+    for cls in attention_class.__mro__:
+        if "__init__" not in vars(cls):
+            continue
+        parameters = inspect.signature(cls.__init__).parameters.values()
+        names.update(
+            p.name
+            for p in parameters
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        )
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    names.discard("self")
+    return names
+
+
+def _inherited_attention_kwargs(backbone, attention_class):
+    """The attention kwargs of `backbone`'s own conversion, that of a
+    converted backbone converted again starts from (`{}` for a backbone
+    that is not converted).
+
+    With another attention class, those it does not take are left out
+    (DNAS's `iterations` for a keras MHA, HNAS's `hybrid_init` for DNAS).
+    Attached terms are copies (from their configs; their weights and
+    flags are then copied by path with the backbone's): the original
+    backbone keeps its own. Before, a re-conversion (to attach a term, or
+    to reset HNAS's `u`) rebuilt the layers from keras-hub's stock
+    attention and silently dropped them all (DNAS `iterations=5` ran one
+    Sinkhorn iteration again), while HNAS's `u` was carried by path.
+    """
+    live = getattr(backbone, "_live_attention", None)
+    if live is None:
+        return {}
+    kwargs = dict(live.attention_kwargs)
+    if live.attention_class is not attention_class:
+        accepted = _accepted_arguments(attention_class)
+        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    if kwargs.get("attention_losses"):
+        kwargs["attention_losses"] = [
+            type(term).from_config(term.get_config())
+            for term in kwargs["attention_losses"]
+        ]
+    return kwargs
+
+
 def convert_backbone(
     backbone, attention_class, attention_losses=None, **attention_kwargs
 ):
@@ -822,6 +872,14 @@ def convert_backbone(
     only padded keys, and DNAS / HNAS must also keep padded queries out of
     their normalization over queries. Decoders (GPT-2) accept causal
     attention classes only.
+
+    A converted backbone converts again from its own conversion's
+    arguments: its attention kwargs (`iterations`, `dropout`, `seed`,
+    `attention_path`, ...) and attached terms (copies, with their weights)
+    carry over under `attention_kwargs` and `attention_losses`, which win
+    (`attention_losses=[]` removes the terms). With another attention
+    class, the kwargs it does not take are left out (its terms too, for a
+    class that takes none).
 
     The result survives `.keras` save / load (after
     `import keras_attnvariants.backbones`) and `export()`. Its
@@ -847,7 +905,8 @@ def convert_backbone(
             every converted layer (one shared instance per term, so each
             term is one metric in `fit`); needs an attention class of this
             package. A single term not in a list raises `ValueError`.
-            Defaults to `None`.
+            Defaults to `None`: no terms, or those of a converted
+            `backbone`.
         **attention_kwargs: constructor arguments of `attention_class`
             (e.g. `hybrid_init=0.0`), except `name` and `dtype`
             (`ValueError`: every converted layer keeps the name and dtype
@@ -910,6 +969,9 @@ def convert_backbone(
     # Before `term_flags` below reads the elements' sublayers.
     check_attention_loss_terms(attention_losses)
     _check_weight_shape_kwargs(backbone, attention_kwargs)
+    inherited = _inherited_attention_kwargs(backbone, attention_class)
+    if attention_losses is not None:
+        inherited.pop("attention_losses", None)
     if attention_losses:
         if not issubclass(attention_class, VariantAttention):
             raise ValueError(
@@ -927,7 +989,7 @@ def convert_backbone(
         # Live objects: only a reload needs to find the class by name, and
         # the attached loss terms are the caller's instances.
         "attention_class": attention_class,
-        "attention_kwargs": attention_kwargs,
+        "attention_kwargs": {**inherited, **attention_kwargs},
     }
     converted = converted_class(base)
     # The terms are shared by every converted layer, and Keras's

@@ -10,6 +10,9 @@ test that fails without its fix.
   anew.
 - `first_layers` of a backbone with LoRA dropped the adapters: the copy
   computed something else and trained only the query and value biases.
+- Re-converting a converted backbone dropped the first conversion's
+  attention kwargs (DNAS `iterations`, a `dropout` override, `seed`,
+  `attention_path`) and attached terms, while HNAS's `u` carried over.
 """
 
 import json
@@ -29,6 +32,9 @@ from keras import ops
 import keras_attnvariants as kav
 from keras_attnvariants.losses import AttentionLoss
 from keras_attnvariants.losses import batch_mean
+from keras_attnvariants.losses.attention_guidance import (
+    AttentionGuidanceRegularizer,
+)
 
 keras_hub = pytest.importorskip(
     "keras_hub", reason="keras-hub (optional extra) is not installed"
@@ -271,3 +277,80 @@ def test_first_layers_keeps_lora():
         assert _trainable(one) == [
             p for p in _trainable(backbone) if "transformer_layer_1" not in p
         ]
+
+
+def test_reconversion_keeps_the_first_conversions_arguments():
+    original = tiny_bert()  # dropout 0.1
+    sinkhorn = convert_backbone(
+        original,
+        kav.DoublyNormalizedAttention,
+        iterations=5,
+        dropout=0.0,
+        seed=3,
+        attention_path="explicit",
+    )
+    guidance = AttentionGuidanceRegularizer({0: "next"}, alpha=1.0)
+    guided = convert_backbone(
+        sinkhorn, kav.DoublyNormalizedAttention, attention_losses=[guidance]
+    )
+    for i, layer in enumerate(self_attention_layers(guided)):
+        assert layer.iterations == 5
+        assert layer.get_config()["dropout"] == 0.0
+        assert layer.seed == 3 + i
+        assert layer.attention_path == "explicit"
+        assert layer.attention_losses == [guidance]
+    np.testing.assert_allclose(
+        _sequence(guided), _sequence(sinkhorn), atol=1e-6
+    )
+    # The new arguments win; the config holds the merged ones.
+    fewer = convert_backbone(
+        guided, kav.DoublyNormalizedAttention, iterations=2
+    )
+    layer = self_attention_layers(fewer)[0]
+    assert (layer.iterations, layer.seed) == (2, 3)
+    stored = fewer.get_config()["attention_config"]["attention_kwargs"]
+    assert (stored["iterations"], stored["seed"]) == (2, 3)
+    # The terms carry over as copies, with their state ...
+    guidance.step.assign(7)
+    again = convert_backbone(guided, kav.DoublyNormalizedAttention)
+    (copy,) = self_attention_layers(again)[0].attention_losses
+    assert copy is not guidance and copy.name == guidance.name
+    assert int(keras.ops.convert_to_numpy(copy.step)) == 7
+    # ... and `attention_losses=[]` removes them.
+    bare = convert_backbone(
+        guided, kav.DoublyNormalizedAttention, attention_losses=[]
+    )
+    assert self_attention_layers(bare)[0].attention_losses == []
+    assert self_attention_layers(bare)[0].iterations == 5
+
+
+def test_reconversion_with_another_class_keeps_what_it_takes():
+    guidance = AttentionGuidanceRegularizer({0: "next"}, alpha=1.0)
+    hnas = convert_backbone(
+        tiny_bert(),
+        kav.HybridAttention,
+        hybrid_init=0.5,
+        iterations=3,
+        dropout=0.0,
+        attention_losses=[guidance],
+    )
+    # Resetting u keeps the rest (the README's recipe for softmax).
+    reset = convert_backbone(hnas, kav.HybridAttention, hybrid_init=0.0)
+    layer = self_attention_layers(reset)[0]
+    assert [t.name for t in layer.attention_losses] == [guidance.name]
+    assert layer.iterations == 3
+    np.testing.assert_array_equal(layer.hybrid_weights, 0.0)
+    # DNAS takes `iterations`, not `hybrid_init`.
+    dnas = convert_backbone(hnas, kav.DoublyNormalizedAttention)
+    layer = self_attention_layers(dnas)[0]
+    assert type(layer) is kav.DoublyNormalizedAttention
+    assert layer.iterations == 3 and len(layer.attention_losses) == 1
+    stored = dnas.get_config()["attention_config"]["attention_kwargs"]
+    assert "hybrid_init" not in stored
+    # keras MHA takes `dropout`, neither `iterations` nor terms.
+    mha = convert_backbone(hnas, keras.layers.MultiHeadAttention)
+    layer = self_attention_layers(mha)[0]
+    assert type(layer) is keras.layers.MultiHeadAttention
+    assert layer.get_config()["dropout"] == 0.0
+    stored = mha.get_config()["attention_config"]["attention_kwargs"]
+    assert sorted(stored) == ["dropout"]
