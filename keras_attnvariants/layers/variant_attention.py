@@ -8,6 +8,7 @@ import weakref
 import keras
 import numpy as np
 from keras import ops
+from keras.src.backend import compute_output_spec
 from keras.src.backend.common import global_state
 from keras.src.backend.common.masking import get_keras_mask
 from keras.src.backend.common.masking import set_keras_mask
@@ -309,8 +310,16 @@ def serialize_attention_loss(term):
     back as two terms (and an adversarial term failed to load its weights).
     Tagging every occurrence here keeps it one term. Outside a Keras
     sharing scope (plain `from_config`) the tag is ignored.
+
+    Without its `build_config`: the attention layer builds its terms
+    (`build_for_attention`, then a symbolic call for terms with sublayers,
+    `VariantAttention._build_terms`). Keras's default `build` cannot trace
+    a term's call, so a user term rebuilt from its `build_config` was
+    marked built with its sublayers unbuilt, and their saved weights
+    failed to load.
     """
     config = keras.saving.serialize_keras_object(term)
+    config.pop("build_config", None)
     config["shared_object_id"] = id(term)
     return config
 
@@ -616,6 +625,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         )
         # A functional model was built, and failed only when it ran.
         self._check_causal(kwargs.get("use_causal_mask", False))
+        self._build_terms(query, value, key, kwargs)
         output = super().compute_output_spec(
             query, value, key, return_attention_scores=False
         )
@@ -627,6 +637,26 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             shape + (value.shape[1],), dtype=self.compute_dtype
         )
         return output, scores
+
+    def _build_terms(self, query, value, key, kwargs):
+        """Runs `call` once symbolically when an attached term is unbuilt.
+
+        A term holding a sublayer of its own (a user's `Dense`) builds it
+        in its first call; `build_for_attention` cannot, not knowing its
+        input shapes. Keras MHA's `compute_output_spec` infers shapes
+        without running `call`, so in a functional model such a term stayed
+        unbuilt until the first training step: `.keras` files saved before
+        it held no weights for it, and a reload refused the file ("could not
+        be loaded: Dense name=projection, built=False"). The symbolic call
+        runs the unbuilt terms (`_losses_active`) and adds no loss. A frozen
+        term freezes the weights built here, which Keras made trainable.
+        """
+        unbuilt = [term for term in self.attention_losses if not term.built]
+        if not unbuilt:
+            return
+        compute_output_spec(self.call, query, value, key, **kwargs)
+        for term in unbuilt:
+            apply_frozen_flag(term)
 
     @property
     def metrics(self):
