@@ -175,6 +175,8 @@ class TemperatureSchedule(keras.callbacks.Callback):
 
     def _apply(self, step):
         value = self.value(step)
+        # `self.model` syncs a JAX `fit`'s state into the variables first
+        # (Keras's `Callback.model`), so the trainer reads the new value.
         for layer in gumbel_layers(self.model):
             layer.set_temperature(value)
         self.history.append(value)

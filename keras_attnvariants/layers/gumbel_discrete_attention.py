@@ -39,6 +39,27 @@ def check_temperature(temperature):
     check_float("temperature", temperature)
 
 
+def assign_temperature(variable, value):
+    """Assigns the float `value` to a temperature `variable`.
+
+    `ValueError` on JAX while a `fit` holds the model's variables (their
+    values are purged from the variables between steps, until
+    `model.jax_state_sync()`): the trainer kept its own copy, so the value
+    took no effect and was overwritten at the end of the epoch. A
+    callback's `self.model` syncs the state (Keras's `Callback.model`),
+    after which the trainer reads the new value at the next step.
+    """
+    if keras.backend.backend() == "jax" and variable._value is None:
+        raise ValueError(
+            "`set_temperature` was called while a JAX `fit` holds the "
+            "model's variables: the value would be lost at the end of the "
+            "epoch. Read `self.model` in the callback first (it syncs the "
+            "state), or call `model.jax_state_sync()`. Received: "
+            f"value={value!r}"
+        )
+    variable.assign(float(value))
+
+
 def noise_seed(seed):
     """The Gumbel noise generator's seed for the layer's `seed`.
 
@@ -217,7 +238,7 @@ class GumbelDiscreteAttention(VariantAttention):
         """
         check_temperature(value)
         if self.built:
-            self.temperature.assign(float(value))
+            assign_temperature(self.temperature, value)
         else:
             self.initial_temperature = float(value)
 

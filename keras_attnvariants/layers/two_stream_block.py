@@ -5,6 +5,9 @@ import numpy as np
 from keras import ops
 
 from keras_attnvariants.layers.gumbel_discrete_attention import (
+    assign_temperature,
+)
+from keras_attnvariants.layers.gumbel_discrete_attention import (
     check_temperature,
 )
 from keras_attnvariants.layers.gumbel_discrete_attention import (
@@ -292,7 +295,7 @@ class TwoStreamBlock(keras.layers.Layer):
         """Sets the Gumbel temperature (a float > 0), also inside `fit`."""
         check_temperature(value)
         if self.built:
-            self.temperature.assign(float(value))
+            assign_temperature(self.temperature, value)
         else:
             self.initial_temperature = float(value)
 

@@ -437,6 +437,51 @@ class GumbelDiscreteAttentionTest(TestCase):
         self.assertGreater(cold, 0.9)
         self.assertLess(hot, 0.3)
 
+    @parameterized.parameters(True, False)
+    def test_temperature_set_mid_epoch_reaches_the_next_step(self, synced):
+        # On JAX a `fit` holds the variables' values between steps: a
+        # change through a held layer reference took no effect and was
+        # overwritten at the end of the epoch (peaks 1.0 at every batch,
+        # 0.01 after `fit`). Reading `self.model` syncs the state first;
+        # without it JAX now refuses the change.
+        x = np.random.default_rng(3).random((8, 6, 4)).astype("float32")
+        inputs = keras.Input((6, 4))
+        layer = GumbelDiscreteAttention(**INIT, temperature=0.01, seed=1)
+        _, scores = layer(inputs, inputs, return_attention_scores=True)
+        peak = keras.layers.Lambda(
+            lambda w: ops.mean(ops.max(w, axis=-1), axis=(1, 2)),
+            output_shape=(),
+        )(scores)
+        model = keras.Model(inputs, peak)
+        model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mae")
+
+        class HeatUp(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                if batch == 1:
+                    if synced:
+                        self.model  # syncs a JAX fit's state
+                    layer.set_temperature(1000.0)
+
+        def fit():
+            return model.fit(
+                x,
+                np.zeros(8),
+                batch_size=2,
+                epochs=1,
+                verbose=0,
+                callbacks=[HeatUp()],
+            )
+
+        if keras.config.backend() == "jax" and not synced:
+            with self.assertRaisesRegex(
+                ValueError, r"JAX `fit` holds.*Received: value=1000.0"
+            ):
+                fit()
+            return
+        # One cold batch (peak ~1), three hot ones (~1/6).
+        self.assertLess(fit().history["loss"][0], 0.5)
+        self.assertAllClose(layer.temperature, 1000.0)
+
     def test_invalid_arguments_raise(self):
         for bad in (0.0, -1.0, "1", True, float("inf"), float("nan")):
             with self.assertRaisesRegex(ValueError, "temperature"):
