@@ -45,7 +45,10 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
     which is constant: every token is in its own field).
 
     Args:
-        vocab_size: int. Token ids are in `[0, vocab_size)`.
+        vocab_size: int. Token ids are in `[0, vocab_size)`; float ids
+            are truncated to ints. Ids out of range are not checked (as in
+            `keras.layers.Embedding`): TensorFlow and PyTorch fail in the
+            lookup, JAX returns NaN, and negative ids count from the end.
         max_length: int. Longest sequence.
         num_layers: int. Number of blocks.
         d_model, num_heads, d_ff, mode, temperature, straight_through,
@@ -301,6 +304,11 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         self._check_call_flags(view, use_causal_mask, return_attention)
         self._check_shape(tuple(token_ids.shape))
         token_ids = self._checked_length(token_ids)
+        if "int" not in keras.backend.standardize_dtype(token_ids.dtype):
+            # The embeddings look float ids up truncated to ints (as
+            # `keras.layers.Embedding` does): the padding mask reads the
+            # same ids (0.4 counted as a real token, embedded as padding).
+            token_ids = ops.cast(token_ids, "int32")
         padding_mask = ops.not_equal(token_ids, 0)
         h = self._embed(token_ids, self.model_embeddings)
         if self.mode == "two_stream":

@@ -123,6 +123,17 @@ class TwoStreamEncoderTest(TestCase):
         for a, b in zip(got, [h_eager, *z_eager]):
             self.assertAllClose(a, b, atol=1e-6)
 
+    def test_float_ids_read_as_the_embeddings_read_them(self):
+        # 0.4 was a real token for the padding mask but embedded as id 0
+        # (padding): its output differed from the int ids'.
+        encoder = TwoStreamEncoder(10, 5, 2, d_model=8, num_heads=2, d_ff=16)
+        floats = TOKENS.astype("float32")
+        floats[0, 4] = 0.4
+        floats[1, 1] = 2.7
+        self.assertAllClose(
+            encoder(floats), encoder(np.trunc(floats).astype("int32"))
+        )
+
     def test_invalid_input_shapes_and_arguments_raise(self):
         encoder = TwoStreamEncoder(10, 4, 1, d_model=8, num_heads=2, d_ff=16)
         # Longer than max_length: JAX would clamp the position lookups.
