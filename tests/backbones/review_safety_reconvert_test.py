@@ -27,14 +27,12 @@ import pytest
 from conversion_serialization_test import inputs
 from conversion_serialization_test import numpy_outputs
 from conversion_serialization_test import tiny_bert
-from keras import ops
 
 import keras_attnvariants as kav
-from keras_attnvariants.losses import AttentionLoss
-from keras_attnvariants.losses import batch_mean
 from keras_attnvariants.losses.attention_guidance import (
     AttentionGuidanceRegularizer,
 )
+from keras_attnvariants.testing.terms import ProjectedQueryTerm
 
 keras_hub = pytest.importorskip(
     "keras_hub", reason="keras-hub (optional extra) is not installed"
@@ -172,25 +170,6 @@ def test_resolved_classes_must_be_attention_and_backbone(tmp_path):
                 f"subclass of `{base}`. Received: {argument}=.*Dense",
             ):
                 keras.saving.load_model(path, safe_mode=safe_mode)
-
-
-@keras.saving.register_keras_serializable(package="kav_review_tests")
-class ProjectedQueryTerm(AttentionLoss):
-    """A user term with a sublayer of its own: the mean square of a Dense
-    projection of the queries."""
-
-    needs_attention_weights = False
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.projection = keras.layers.Dense(1, name="projection")
-
-    def compute_loss_value(self, query):
-        squares = ops.square(self.projection(query))
-        return batch_mean(ops.mean(squares, axis=(1, 2, 3)))
-
-    def from_attention(self, context):
-        return self(context["query"], training=True)
 
 
 def _term_kernel(backbone):

@@ -50,6 +50,22 @@ def to_np(x):
     return ops.convert_to_numpy(ops.cast(x, "float32"))
 
 
+def cold_peak_model():
+    """A cold (temperature 0.01) Gumbel layer on `(6, 4)` inputs and a
+    model, compiled not to train, whose output (and "mae" loss against 0)
+    is the mean of each row's largest weight: ~1 when cold, ~1/S hot."""
+    inputs = keras.Input((6, 4))
+    layer = GumbelDiscreteAttention(**INIT, temperature=0.01, seed=1)
+    _, scores = layer(inputs, inputs, return_attention_scores=True)
+    peak = keras.layers.Lambda(
+        lambda w: ops.mean(ops.max(w, axis=-1), axis=(1, 2)),
+        output_shape=(),
+    )(scores)
+    model = keras.Model(inputs, peak)
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mae")
+    return layer, model
+
+
 class GumbelDiscreteAttentionTest(TestCase):
     def test_layer_basics(self):
         self.run_layer_test(
@@ -414,16 +430,7 @@ class GumbelDiscreteAttentionTest(TestCase):
 
     def test_temperature_change_takes_effect_inside_compiled_fit(self):
         x, _ = padded_inputs(seed=11, length=6)
-        inputs = keras.Input((6, 4))
-        layer = GumbelDiscreteAttention(**INIT, temperature=0.01, seed=1)
-        _, scores = layer(inputs, inputs, return_attention_scores=True)
-        # Mean of each row's largest weight: ~1 when cold, ~1/S when hot.
-        peak = keras.layers.Lambda(
-            lambda w: ops.mean(ops.max(w, axis=-1), axis=(1, 2)),
-            output_shape=(),
-        )(scores)
-        model = keras.Model(inputs, peak)
-        model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mae")
+        layer, model = cold_peak_model()
 
         class HeatUp(keras.callbacks.Callback):
             def on_epoch_begin(self, epoch, logs=None):
@@ -445,15 +452,7 @@ class GumbelDiscreteAttentionTest(TestCase):
         # 0.01 after `fit`). Reading `self.model` syncs the state first;
         # without it JAX now refuses the change.
         x = np.random.default_rng(3).random((8, 6, 4)).astype("float32")
-        inputs = keras.Input((6, 4))
-        layer = GumbelDiscreteAttention(**INIT, temperature=0.01, seed=1)
-        _, scores = layer(inputs, inputs, return_attention_scores=True)
-        peak = keras.layers.Lambda(
-            lambda w: ops.mean(ops.max(w, axis=-1), axis=(1, 2)),
-            output_shape=(),
-        )(scores)
-        model = keras.Model(inputs, peak)
-        model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mae")
+        layer, model = cold_peak_model()
 
         class HeatUp(keras.callbacks.Callback):
             def on_train_batch_begin(self, batch, logs=None):

@@ -13,30 +13,10 @@ import os
 
 import keras
 import numpy as np
-from keras import ops
 
 import keras_attnvariants as kav
-from keras_attnvariants.losses import AttentionLoss
-from keras_attnvariants.losses import batch_mean
+from keras_attnvariants.testing.terms import ProjectedQueryTerm
 from keras_attnvariants.testing.test_case import TestCase
-
-
-@keras.saving.register_keras_serializable(package="kav_term_sublayer_tests")
-class ProjectedQueryTerm(AttentionLoss):
-    """The mean square of a Dense projection of the queries."""
-
-    needs_attention_weights = False
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.projection = keras.layers.Dense(1, name="projection")
-
-    def compute_loss_value(self, query):
-        squares = ops.square(self.projection(query))
-        return batch_mean(ops.mean(squares, axis=(1, 2, 3)))
-
-    def from_attention(self, context):
-        return self(context["query"], training=True)
 
 
 def _model(term):
