@@ -298,6 +298,15 @@ def keras_masks_restored(tensors, detach=False):
             set_keras_mask(tensor, mask)
 
 
+def _graph_name_scope(name):
+    """TensorFlow's `tf.name_scope(name)`; a no-op on other backends."""
+    if keras.backend.backend() != "tensorflow":
+        return contextlib.nullcontext()
+    import tensorflow as tf
+
+    return tf.name_scope(name)
+
+
 def serialize_attention_loss(term):
     """`term`'s config, tagged so that one term shared by layers stays one.
 
@@ -654,7 +663,17 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         unbuilt = [term for term in self.attention_losses if not term.built]
         if not unbuilt:
             return
-        compute_output_spec(self.call, query, value, key, **kwargs)
+
+        def call_in_scope(*args, **call_kwargs):
+            # This layer's name scope, as in a call (the terms' weights get
+            # the paths a first training call gives them), and on
+            # TensorFlow its graph scope again inside the scratch graph,
+            # whose root scope would otherwise be the term's (`_probe_loss`,
+            # a root name TensorFlow refuses; Keras dedups its own scope).
+            with self._open_name_scope(), _graph_name_scope(self.name):
+                return self.call(*args, **call_kwargs)
+
+        compute_output_spec(call_in_scope, query, value, key, **kwargs)
         for term in unbuilt:
             apply_frozen_flag(term)
 

@@ -21,7 +21,7 @@ from keras_attnvariants.testing.test_case import TestCase
 
 def _model(term):
     inputs = keras.Input((4, 8))
-    layer = kav.HybridAttention(2, 4, attention_losses=[term])
+    layer = kav.HybridAttention(2, 4, attention_losses=[term], name="hnas")
     return keras.Model(inputs, layer(inputs, inputs))
 
 
@@ -30,7 +30,14 @@ class TermSublayerTest(TestCase):
         term = ProjectedQueryTerm(name="probe")
         _model(term)
         self.assertTrue(term.projection.built)
-        self.assertEqual(len(term.weights), 2)
+        # The paths a first training call gives them.
+        self.assertEqual(
+            [w.path for w in term.weights],
+            [
+                "hnas/probe/projection/kernel",
+                "hnas/probe/projection/bias",
+            ],
+        )
 
     def test_trained_term_survives_a_keras_reload(self):
         term = ProjectedQueryTerm(name="probe")
