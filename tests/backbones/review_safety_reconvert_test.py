@@ -58,6 +58,19 @@ def _sequence(backbone):
     return numpy_outputs(backbone(inputs()))["sequence_output"]
 
 
+def _class_reference_editor(argument, reference):
+    """A `_rewrite_config` edit putting `reference` at `argument`
+    (`"base_class"` or an `attention_config` entry)."""
+
+    def edit(config):
+        if argument == "base_class":
+            config["base_class"] = dict(reference)
+        else:
+            config["attention_config"][argument] = dict(reference)
+
+    return edit
+
+
 def _rewrite_config(source, target, edit):
     """Copies the `.keras` file `source` to `target`, with `edit` applied
     to the backbone's config (a dict, changed in place)."""
@@ -92,14 +105,11 @@ def test_safe_mode_imports_no_module_a_file_names(tmp_path, user_module):
         "class_name": "UserAttention",
     }
     for argument in ("attention_class", "base_class"):
-
-        def edit(config, argument=argument):
-            if argument == "base_class":
-                config["base_class"] = dict(reference)
-            else:
-                config["attention_config"][argument] = dict(reference)
-
-        path = _rewrite_config(saved, str(tmp_path / f"{argument}.keras"), edit)
+        path = _rewrite_config(
+            saved,
+            str(tmp_path / f"{argument}.keras"),
+            _class_reference_editor(argument, reference),
+        )
         with pytest.raises(
             ValueError,
             match=f"Refusing to import the module '{USER_MODULE}' named by "
@@ -155,14 +165,11 @@ def test_resolved_classes_must_be_attention_and_backbone(tmp_path):
         ("attention_class", "keras.layers.MultiHeadAttention"),
         ("base_class", "keras_hub.models.Backbone"),
     ):
-
-        def edit(config, argument=argument):
-            if argument == "base_class":
-                config["base_class"] = dict(dense)
-            else:
-                config["attention_config"][argument] = dict(dense)
-
-        path = _rewrite_config(saved, str(tmp_path / f"{argument}.keras"), edit)
+        path = _rewrite_config(
+            saved,
+            str(tmp_path / f"{argument}.keras"),
+            _class_reference_editor(argument, dense),
+        )
         for safe_mode in (True, False):
             with pytest.raises(
                 ValueError,
