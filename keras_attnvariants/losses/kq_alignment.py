@@ -8,12 +8,13 @@ from keras import ops
 from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.ops.gradient_reversal import gradient_reversal
 from keras_attnvariants.ops.transport import MIN_EPSILON
+from keras_attnvariants.ops.transport import _centered
+from keras_attnvariants.ops.transport import _expanded_distances
 from keras_attnvariants.ops.transport import check_epsilon
 from keras_attnvariants.ops.transport import conditional_transport_cost
 from keras_attnvariants.ops.transport import cosine_cost
 from keras_attnvariants.ops.transport import gaussian_mmd
 from keras_attnvariants.ops.transport import sinkhorn_cost
-from keras_attnvariants.ops.transport import squared_euclidean_cost
 from keras_attnvariants.ops.transport import uniform_marginal
 from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_float
@@ -733,8 +734,12 @@ class KQAlignment(AttentionLoss):
         elif self.method == "ct":
             per_group = self._ct(q, k, q_points, k_points)
         elif self.method == "ot":
+            # Centered on the valid queries' mean (the cost does not
+            # change; see `_centered`): the plain mean would shift with the
+            # amount of padding, and so would the rounding.
+            q, k = _centered(q, k, uniform_marginal(q_points))
             per_group = sinkhorn_cost(
-                squared_euclidean_cost(q, k),
+                _expanded_distances(q, k),
                 self.epsilon,
                 self.iterations,
                 q_points,

@@ -254,6 +254,21 @@ class KQAlignmentTest(TestCase):
                 values.append((plan * cost).sum())
         self.assertAllClose(got, 0.5 * np.mean(values), rtol=1e-5, atol=0)
 
+    @parameterized.parameters("ot", "mmd")
+    def test_value_does_not_move_with_an_offset_shared_by_both_clouds(
+        self, method
+    ):
+        # Squared distances were expanded as |q|^2 + |k|^2 - 2 q.k: at an
+        # offset of 100 (spread 0.05) OT and MMD were 0.06-0.23 against
+        # 0.26 / 0.20 at the origin.
+        q, k, q_mask, k_mask = projected(7, shift=0.3)
+        q, k = 0.05 * q, 0.05 * k
+        term = KQAlignment(method=method, weight=1.0, bandwidth=0.3)
+        near = term(q, k, q_mask, k_mask)
+        far = term(q + 100.0, k + 100.0, q_mask, k_mask)
+        self.assertGreater(float(near), 1e-3)
+        self.assertAllClose(far, near, rtol=1e-3, atol=0)
+
     @parameterized.named_parameters(
         ("gan", "gan", {}),
         ("gan_per_head", "gan", {"adversary_per_head": True}),
