@@ -131,6 +131,13 @@ def warn_misadded_biases(denses):
         )
 
 
+def _is_int(value):
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(
+        value, (bool, np.bool_)
+    )
+
+
 class _SavedTermFlags:
     """The attached terms' flags as a config saved them, in a plain object:
     a list attribute would be tracked by Keras, which then listed the terms'
@@ -410,11 +417,17 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         **kwargs,
     ):
         attention_axes = kwargs.get("attention_axes")
-        if attention_axes in (-2, (-2,), [-2]):
-            # The sequence axis of the `(B, T, dim)` inputs, counted from
-            # the end (Keras MHA takes it).
+        axes = (
+            list(attention_axes)
+            if isinstance(attention_axes, (list, tuple))
+            else [attention_axes]
+        )
+        if len(axes) == 1 and _is_int(axes[0]) and axes[0] in (1, -2):
+            # The sequence axis of the `(B, T, dim)` inputs, also counted
+            # from the end (Keras MHA takes -2), as a tuple of Python ints:
+            # Keras MHA refused a NumPy 1 with a message that printed `1`.
             kwargs["attention_axes"] = (1,)
-        elif attention_axes not in (None, 1, (1,), [1]):
+        elif attention_axes is not None:
             raise ValueError(
                 f"{type(self).__name__} supports attention over one sequence "
                 "axis only: `attention_axes` must be None, (1,) or (-2,). "

@@ -102,6 +102,20 @@ class ConstructorTest(TestCase):
             clone = LAYERS[name].from_config(layer.get_config())
             self.assertEqual(tuple(clone(x, x).shape), want.shape)
 
+    @parameterized.parameters(*LAYERS)
+    def test_attention_axes_as_numpy_ints(self, name):
+        # A NumPy 1 passed the check, then Keras MHA refused it with a
+        # message that printed `attention_axes=1`; True counted as 1.
+        for axes in (np.int64(1), (np.int64(1),), [np.int32(-2)]):
+            layer = LAYERS[name](2, 2, attention_axes=axes)
+            self.assertEqual(layer.get_config()["attention_axes"], (1,))
+            self.assertIs(type(layer.get_config()["attention_axes"][0]), int)
+        for axes in (True, (True,), np.True_):
+            with self.assertRaisesRegex(
+                ValueError, r"attention_axes=\(?(np\.)?True"
+            ):
+                LAYERS[name](2, 2, attention_axes=axes)
+
     def test_attention_axes_message_shows_the_repr(self):
         with self.assertRaisesRegex(ValueError, "attention_axes='x'"):
             kav.HybridAttention(2, 2, attention_axes="x")
