@@ -53,7 +53,8 @@ class TwoStreamEncoder(KeepsStepLosses, keras.layers.Layer):
         num_layers: int. Number of blocks.
         d_model, num_heads, d_ff, mode, temperature, straight_through,
             seed, model_attention: as in `TwoStreamBlock` (block `i` gets
-            `(seed + i) % 2**31`).
+            `(seed + i) % 2**31`); `d_model`, `num_heads` and `d_ff`
+            default to `64`, `4` and `128` (the thesis's Table 6.5 model).
         num_views: int >= 1. Controllers per block. Defaults to `1`.
         share_embeddings: bool. Controllers reuse the model stream's
             embeddings. Defaults to `True`.
