@@ -209,9 +209,15 @@ class TemperatureSchedule(keras.callbacks.Callback):
         # Keras may run this hook on a worker thread (`async_safe`); `max`
         # keeps the count right whatever order the calls finish in, and
         # `on_epoch_end` waits for them all before the next epoch begins.
-        self._batches_done = max(
-            self._batches_done, self._epoch_start + batch + 1
-        )
+        # Keras reports an epoch's short last execution as a full one (8
+        # batches at 3 an execution end at "batch 8"): capped at the epoch's
+        # length where it is known, or every epoch added a batch to the
+        # count, and a run resumed at `initial_epoch` annealed differently.
+        ran = batch + 1
+        steps_per_epoch = (self.params or {}).get("steps")
+        if steps_per_epoch:
+            ran = min(ran, steps_per_epoch)
+        self._batches_done = max(self._batches_done, self._epoch_start + ran)
 
     def get_config(self):
         return {

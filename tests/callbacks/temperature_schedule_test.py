@@ -94,6 +94,46 @@ class TemperatureScheduleTest(TestCase):
         model.fit(x, x, batch_size=1, epochs=2, verbose=0, callbacks=[schedule])
         self.assertAllClose(schedule.history, [1.0, 0.25, 0.0625, 0.015625])
 
+    @pytest.mark.skipif(
+        keras.backend.backend() == "torch",
+        reason="the torch trainer has steps_per_execution=1 only",
+    )
+    def test_short_last_execution_counts_its_own_batches(self):
+        # 8 batches an epoch at 3 an execution: Keras reports the short
+        # last execution as ending at batch 8, and each epoch added one.
+        model = small_model()
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
+        x = np.random.default_rng(0).normal(size=(8, 4, 3)).astype("float32")
+
+        def linear():
+            return TemperatureSchedule(
+                "linear",
+                initial=1.0,
+                final=0.2,
+                steps=40,
+                floor=0.1,
+                unit="batch",
+            )
+
+        def batches(schedule):
+            return [round((1.0 - v) / 0.02) for v in schedule.history]
+
+        schedule = linear()
+        model.fit(x, x, batch_size=1, epochs=3, verbose=0, callbacks=[schedule])
+        self.assertEqual(batches(schedule), [0, 3, 6, 8, 11, 14, 16, 19, 22])
+        # A new callback resuming at epoch 2 starts where this one did.
+        resumed = linear()
+        model.fit(
+            x,
+            x,
+            batch_size=1,
+            epochs=3,
+            initial_epoch=2,
+            verbose=0,
+            callbacks=[resumed],
+        )
+        self.assertEqual(batches(resumed), batches(schedule)[6:])
+
     def test_model_without_gumbel_layer_raises(self):
         inputs = keras.Input((3,))
         model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
