@@ -24,14 +24,22 @@ class Wrapper(keras.layers.Layer):
         return self.blocks[0](x, x)
 
 
-def small_model():
+def small_model(steps_per_execution=1):
     inputs = keras.Input((4, 3))
     top = GumbelDiscreteAttention(num_heads=1, key_dim=2, seed=0)
     x = top(inputs, inputs)
     x = Wrapper()(x)
     model = keras.Model(inputs, x)
-    model.compile(optimizer="sgd", loss="mse")
+    model.compile(
+        optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution
+    )
     return model
+
+
+runs_several_steps_per_execution = pytest.mark.skipif(
+    keras.backend.backend() == "torch",
+    reason="the torch trainer has steps_per_execution=1 only",
+)
 
 
 class TemperatureScheduleTest(TestCase):
@@ -78,15 +86,11 @@ class TemperatureScheduleTest(TestCase):
         with self.assertRaisesRegex(ValueError, "unit"):
             TemperatureSchedule(unit="step")
 
-    @pytest.mark.skipif(
-        keras.backend.backend() == "torch",
-        reason="the torch trainer has steps_per_execution=1 only",
-    )
+    @runs_several_steps_per_execution
     def test_batch_unit_counts_batches_with_steps_per_execution(self):
         # One `train_batch_begin` per execution of 2 batches: the schedule
         # must still advance by 2 (steps 0, 2, 4, 6 of 8 batches).
-        model = small_model()
-        model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+        model = small_model(steps_per_execution=2)
         x = np.random.default_rng(0).normal(size=(4, 4, 3)).astype("float32")
         schedule = TemperatureSchedule(
             "exponential", initial=1.0, rate=0.5, floor=0.01, unit="batch"
@@ -94,15 +98,11 @@ class TemperatureScheduleTest(TestCase):
         model.fit(x, x, batch_size=1, epochs=2, verbose=0, callbacks=[schedule])
         self.assertAllClose(schedule.history, [1.0, 0.25, 0.0625, 0.015625])
 
-    @pytest.mark.skipif(
-        keras.backend.backend() == "torch",
-        reason="the torch trainer has steps_per_execution=1 only",
-    )
+    @runs_several_steps_per_execution
     def test_short_last_execution_counts_its_own_batches(self):
         # 8 batches an epoch at 3 an execution: Keras reports the short
         # last execution as ending at batch 8, and each epoch added one.
-        model = small_model()
-        model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
+        model = small_model(steps_per_execution=3)
         x = np.random.default_rng(0).normal(size=(8, 4, 3)).astype("float32")
 
         def linear():
