@@ -16,6 +16,11 @@ def _is_bool(value):
     return isinstance(value, (bool, np.bool_))
 
 
+def is_int(value):
+    """True for a Python or NumPy integer that is not a bool."""
+    return isinstance(value, numbers.Integral) and not _is_bool(value)
+
+
 def check_bool(name, value):
     """`value` as a Python bool; only Python and NumPy booleans are accepted
     (not `0` / `1`, strings such as `"false"`, or None)."""
@@ -26,7 +31,7 @@ def check_bool(name, value):
 
 def check_int(name, value, low=1, high=None):
     """`value` as a Python int in `[low, high]` (`high` None: no bound)."""
-    if _is_bool(value) or not isinstance(value, numbers.Integral):
+    if not is_int(value):
         ok = False
     else:
         ok = value >= low and (high is None or value <= high)
@@ -83,12 +88,7 @@ def check_seed(seed, allow_none=True):
     """
     if seed is None and allow_none:
         return None
-    if (
-        seed is None
-        or _is_bool(seed)
-        or not isinstance(seed, numbers.Integral)
-        or not 0 <= seed < SEED_LIMIT
-    ):
+    if not is_int(seed) or not 0 <= seed < SEED_LIMIT:
         allowed = " or None" if allow_none else ""
         raise ValueError(
             f"`seed` must be an int in [0, 2**31){allowed}. "
@@ -127,7 +127,7 @@ def check_unit_float(name, value):
 def _static_dim(dim):
     """An int for a dimension known when tracing, None otherwise (None, a
     tensor, a symbolic dimension of a JAX export)."""
-    if _is_bool(dim) or not isinstance(dim, numbers.Integral):
+    if not is_int(dim):
         return None
     try:
         return int(dim)

@@ -23,7 +23,6 @@ import contextlib
 import functools
 import importlib
 import inspect
-import numbers
 import sys
 
 import keras
@@ -38,6 +37,7 @@ from keras_attnvariants.losses.attention_loss import term_flags
 from keras_attnvariants.losses.attention_loss import token_ids_scope
 from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_seed
+from keras_attnvariants.validation import is_int
 from keras_attnvariants.validation import layer_seed
 
 INSTALL_HINT = "pip install 'keras-attnvariants[keras-hub]'"
@@ -155,13 +155,10 @@ def _output_dims(output_shape):
     it otherwise."""
     if output_shape is None:
         return None
-    if isinstance(output_shape, numbers.Integral) and not isinstance(
-        output_shape, bool
-    ):
+    if is_int(output_shape):
         return (int(output_shape),)
     if isinstance(output_shape, (tuple, list)) and all(
-        isinstance(dim, numbers.Integral) and not isinstance(dim, bool)
-        for dim in output_shape
+        is_int(dim) for dim in output_shape
     ):
         return tuple(int(dim) for dim in output_shape)
     raise ValueError(
@@ -410,7 +407,7 @@ def convert_in_place(backbone, attention_class, attention_kwargs):
     seed = attention_kwargs.get("seed")
     for i, block in enumerate(blocks):
         kwargs = attention_kwargs
-        if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        if is_int(seed):
             # One seed per layer: with one seed for all, every layer drew
             # the same dropout masks and the same Gumbel noise. A Python
             # int: Keras's dropout `SeedGenerator` rejects a NumPy one.

@@ -27,6 +27,7 @@ from keras_attnvariants.validation import SEED_LIMIT
 from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_int
 from keras_attnvariants.validation import check_seed
+from keras_attnvariants.validation import is_int
 from keras_attnvariants.validation import python_scalars
 
 ATTENTION_PATHS = ("auto", "explicit", "fused")
@@ -129,13 +130,6 @@ def warn_misadded_biases(denses):
             "above 1, `use_bias=False`, or the JAX or PyTorch backend.",
             stacklevel=3,
         )
-
-
-def _is_int(value):
-    """A Python or NumPy integer, not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(
-        value, (bool, np.bool_)
-    )
 
 
 class _SavedTermFlags:
@@ -422,7 +416,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             if isinstance(attention_axes, (list, tuple))
             else [attention_axes]
         )
-        if len(axes) == 1 and _is_int(axes[0]) and axes[0] in (1, -2):
+        if len(axes) == 1 and is_int(axes[0]) and axes[0] in (1, -2):
             # The sequence axis of the `(B, T, dim)` inputs, also counted
             # from the end (Keras MHA takes -2), as a tuple of Python ints:
             # Keras MHA refused a NumPy 1 with a message that printed `1`.
@@ -1019,11 +1013,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
     def from_config(cls, config):
         config = dict(config)
         seed = config.get("seed")
-        if (
-            isinstance(seed, numbers.Integral)
-            and not isinstance(seed, bool)
-            and not 0 <= seed < SEED_LIMIT
-        ):
+        if is_int(seed) and not 0 <= seed < SEED_LIMIT:
             # Saved before seeds were checked (DNAS and HNAS took any int on
             # TensorFlow): loaded with the seed wrapped into range, as
             # `convert_backbone` wraps per-layer seeds.

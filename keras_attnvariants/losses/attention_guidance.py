@@ -1,7 +1,6 @@
 """Attention guidance (AG): steer chosen heads toward fixed patterns."""
 
 import math
-import numbers
 
 import keras
 from keras import ops
@@ -14,6 +13,7 @@ from keras_attnvariants.ops.patterns import guidance_pattern
 from keras_attnvariants.ops.patterns import normalize_token_id
 from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
+from keras_attnvariants.validation import is_int
 from keras_attnvariants.validation import is_python_value
 
 REDUCTIONS = ("sum", "mean")
@@ -104,11 +104,7 @@ def _normalize_head_map(head_map, allow_empty, per_layer_allowed=True):
     for head, name in head_map.items():
         if isinstance(head, str) and head.isdigit():
             head = int(head)
-        if (
-            isinstance(head, bool)
-            or not isinstance(head, numbers.Integral)
-            or head < 0
-        ):
+        if not is_int(head) or head < 0:
             raise ValueError(
                 "`head_patterns` keys must be head indices (ints >= 0). "
                 f"Received: head_patterns={head_map!r}"

@@ -16,7 +16,6 @@ with `U ~ Uniform(0, 1)`. Like the thesis code, both logs are clamped with
 import numbers
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attnvariants.ops.masking import MASK_FILL
@@ -28,6 +27,7 @@ from keras_attnvariants.validation import check_integer_dtype
 from keras_attnvariants.validation import check_rank
 from keras_attnvariants.validation import check_seed
 from keras_attnvariants.validation import check_shape
+from keras_attnvariants.validation import is_int
 from keras_attnvariants.validation import is_python_value
 from keras_attnvariants.validation import same_size
 from keras_attnvariants.validation import static_shape
@@ -192,9 +192,7 @@ def _check_key(key):
     """`ValueError` unless `key` is an int or an integer scalar tensor (a
     float key was truncated, None and strings failed in the backend)."""
     if is_python_value(key):
-        ok = isinstance(key, numbers.Integral) and not isinstance(
-            key, (bool, np.bool_)
-        )
+        ok = is_int(key)
     else:
         dtype = getattr(key, "dtype", None)
         ok = (

@@ -5,12 +5,10 @@ guided head's query `p` should put on the keys. Rows of padded queries and
 columns of padded keys are zero, so padding never enters the guidance loss.
 """
 
-import numbers
-
-import numpy as np
 from keras import ops
 
 from keras_attnvariants.validation import check_integer_dtype
+from keras_attnvariants.validation import is_int
 from keras_attnvariants.validation import same_size
 from keras_attnvariants.validation import static_shape
 
@@ -54,10 +52,7 @@ def normalize_token_id(token_id, name="token_id", note=""):
     argument `name`, followed by `note`.
     """
     ids = token_id if isinstance(token_id, (list, tuple)) else [token_id]
-    if not ids or any(
-        isinstance(i, (bool, np.bool_)) or not isinstance(i, numbers.Integral)
-        for i in ids
-    ):
+    if not ids or not all(is_int(i) for i in ids):
         raise ValueError(
             f"`{name}`{note} must be an int or a non-empty list of ints. "
             f"Received: {name}={token_id!r}"
