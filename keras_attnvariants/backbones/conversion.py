@@ -32,6 +32,7 @@ from keras.src.saving import serialization_lib
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
 from keras_attnvariants.layers.variant_attention import apply_frozen_flag
+from keras_attnvariants.layers.variant_attention import build_unbuilt_terms
 from keras_attnvariants.losses.attention_loss import check_attention_loss_terms
 from keras_attnvariants.losses.attention_loss import term_flags
 from keras_attnvariants.losses.attention_loss import token_ids_scope
@@ -465,21 +466,20 @@ def _build_terms(backbone, attention_losses):
     initialization. A frozen term freezes the weights built here (created
     trainable, they trained).
     """
-    unbuilt = [term for term in attention_losses or () if not term.built]
-    if not unbuilt:
-        return
-    # Two examples of two tokens: with unknown sizes the position
-    # embeddings failed on JAX and PyTorch (a length over
-    # `max_sequence_length` could not be ruled out).
-    inputs = keras.tree.map_structure(
-        lambda x: keras.KerasTensor(
-            tuple(2 if dim is None else dim for dim in x.shape), x.dtype
-        ),
-        backbone.input,
-    )
-    compute_output_spec(backbone.call, inputs)
-    for term in unbuilt:
-        apply_frozen_flag(term)
+
+    def run():
+        # Two examples of two tokens: with unknown sizes the position
+        # embeddings failed on JAX and PyTorch (a length over
+        # `max_sequence_length` could not be ruled out).
+        inputs = keras.tree.map_structure(
+            lambda x: keras.KerasTensor(
+                tuple(2 if dim is None else dim for dim in x.shape), x.dtype
+            ),
+            backbone.input,
+        )
+        compute_output_spec(backbone.call, inputs)
+
+    build_unbuilt_terms(attention_losses, run)
 
 
 class _LiveAttention:

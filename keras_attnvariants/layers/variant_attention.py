@@ -102,6 +102,18 @@ def apply_frozen_flag(layer):
         type(layer).trainable.fset(layer, False)
 
 
+def build_unbuilt_terms(terms, run):
+    """Calls `run()`, a symbolic call that runs the unbuilt `terms` and so
+    builds their sublayers, when one of `terms` is unbuilt; then freezes
+    what it built in a frozen term (`apply_frozen_flag`: Keras made those
+    weights trainable)."""
+    unbuilt = [term for term in terms or () if not term.built]
+    if unbuilt:
+        run()
+        for term in unbuilt:
+            apply_frozen_flag(term)
+
+
 def warn_misadded_biases(denses):
     """Warns where Keras 3.15's TensorFlow `ops.add` adds a projection's
     bias along the wrong axis: a bias that squeezes to one axis that is not
@@ -667,9 +679,6 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         runs the unbuilt terms (`_losses_active`) and adds no loss. A frozen
         term freezes the weights built here, which Keras made trainable.
         """
-        unbuilt = [term for term in self.attention_losses if not term.built]
-        if not unbuilt:
-            return
 
         def call_in_scope(*args, **call_kwargs):
             # This layer's name scope, as in a call (the terms' weights get
@@ -680,9 +689,12 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             with self._open_name_scope(), _graph_name_scope(self.name):
                 return self.call(*args, **call_kwargs)
 
-        compute_output_spec(call_in_scope, query, value, key, **kwargs)
-        for term in unbuilt:
-            apply_frozen_flag(term)
+        build_unbuilt_terms(
+            self.attention_losses,
+            lambda: compute_output_spec(
+                call_in_scope, query, value, key, **kwargs
+            ),
+        )
 
     @property
     def metrics(self):
