@@ -219,9 +219,10 @@ def precision_recall(predicted, target, mask=None):
         mask: optional boolean broadcastable to `(B, T, T)`: the entries
             to score, e.g. `valid[:, :, None]` for the rows of real
             positions. `ValueError` if its static shape is not, or for a
-            rank-2 mask when `B == T`, where a `(B, T)` padding mask (what
-            the other receptive-field functions take) broadcast over the
-            wrong axes.
+            rank-2 mask where a `(B, T)` padding mask (what the other
+            receptive-field functions take) would broadcast over the wrong
+            axes: when `B == T`, and a `(1, T)` mask when `B == 1`, which
+            would select columns, not rows.
 
     Returns:
         `(precision, recall)` as float32 scalars; 0 where undefined.
@@ -241,16 +242,18 @@ def precision_recall(predicted, target, mask=None):
         if (
             mask_shape is not None
             and len(mask_shape) == 2
-            and batch == length
             and batch is not None
+            and (batch == length or tuple(mask_shape) == (1, length))
+            and length != 1
         ):
             # Ambiguous: a `(B, T)` padding mask broadcast over the wrong
-            # axes (it fails the broadcast check when B != T).
+            # axes (it fails the broadcast check for other B).
             raise ValueError(
-                "`mask` must be rank 3 when `B == T`, e.g. "
+                "`mask` must be rank 3 when `B == T` or `B == 1`, e.g. "
                 "`valid[:, :, None]` for a `(B, T)` padding mask or "
                 "`mask[None]` for a `(T, T)` one. "
-                f"Received: mask with shape {mask_shape}"
+                f"Received: mask with shape {mask_shape} for `predicted` "
+                f"of shape {shapes[0]}"
             )
         check_broadcastable("mask", mask_shape, shapes[0], "`predicted`")
         weight = ops.cast(mask, "float32")

@@ -295,6 +295,28 @@ class ShapeChecksTest(TestCase):
         with self.assertRaisesRegex(ValueError, "`mask` must be rank 3"):
             kops.precision_recall(p, p, np.ones((3, 3), bool))
 
+    def test_precision_recall_rejects_a_padding_mask_of_one_example(self):
+        # B == 1: a (1, T) padding mask broadcasts as (1, 1, T), a column
+        # mask: 0.857 precision instead of 1.0 in the review's example.
+        valid = np.array([[1, 1, 1, 0]], bool)
+        pred = np.zeros((1, 4, 4), bool)
+        pred[0, :3, :3] = np.tril(np.ones((3, 3), bool))
+        target = pred.copy()
+        target[0, 3, 3] = True
+        pred[0, 3, 0] = True
+        with self.assertRaisesRegex(
+            ValueError, r"`mask` must be rank 3.*Received: mask.*\(1, 4\)"
+        ):
+            kops.precision_recall(pred, target, valid)
+        rows = kops.precision_recall(pred, target, valid[:, :, None])
+        self.assertAllClose([float(v) for v in rows], [1.0, 1.0])
+        # A (T, T) mask of pairs is no padding mask: still taken at B == 1.
+        tril = np.tril(np.ones((4, 4), bool))
+        self.assertAllClose(
+            [float(v) for v in kops.precision_recall(pred, target, tril)],
+            [float(v) for v in kops.precision_recall(pred, target, tril[None])],
+        )
+
     def test_precision_recall_rejects_mask(self):
         p = np.ones((2, 3, 3), bool)
         with self.assertRaisesRegex(ValueError, "`mask`.*Received: mask"):
