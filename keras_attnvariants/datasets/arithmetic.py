@@ -59,7 +59,8 @@ def multiview_arithmetic(num_examples, max_depth=3, seed=None):
     Args:
         num_examples: int >= 1. Number of expressions.
         max_depth: int >= 1. Depths run over `1..max_depth`, evenly spread
-            (counts differ by at most one, shuffled). Defaults to `3`.
+            (counts differ by at most one, shuffled; the depths that get
+            one more are drawn at random). Defaults to `3`.
         seed: int >= 0 or `None`. NumPy seed. Defaults to `None`.
 
     Returns:
@@ -77,7 +78,14 @@ def multiview_arithmetic(num_examples, max_depth=3, seed=None):
     if seed is not None:
         seed = check_int("seed", seed, low=0)
     rng = np.random.default_rng(seed)
-    depths = np.arange(num_examples) % max_depth + 1
+    depths = np.arange(num_examples - num_examples % max_depth) % max_depth
+    if num_examples % max_depth:
+        # The leftover examples go to depths drawn at random: with
+        # `arange(n) % max_depth` they always went to the lowest ones, so
+        # fewer examples than depths never reached the deepest.
+        extra = rng.choice(max_depth, num_examples % max_depth, replace=False)
+        depths = np.concatenate([depths, extra])
+    depths = depths + 1
     rng.shuffle(depths)
     trees = [_tree(rng, int(depth) + 1) for depth in depths]
     return {

@@ -67,6 +67,23 @@ def test_depths_evenly_spread_and_seeded():
     assert set(data["label"].tolist()) == set(range(5))
 
 
+def test_leftover_examples_reach_every_depth():
+    # With fewer examples than depths (or any remainder), which depths get
+    # one more is drawn at random: one example per call was always depth 1.
+    seen = {
+        int(multiview_arithmetic(1, max_depth=3, seed=seed)["depth"][0])
+        for seed in range(30)
+    }
+    assert seen == {1, 2, 3}
+    for seed in range(5):
+        depths = multiview_arithmetic(4, max_depth=3, seed=seed)["depth"]
+        counts = np.bincount(depths, minlength=4)[1:]
+        assert counts.sum() == 4 and counts.max() - counts.min() <= 1
+        # Without a remainder every depth gets the same count.
+        depths = multiview_arithmetic(6, max_depth=3, seed=seed)["depth"]
+        assert np.bincount(depths, minlength=4)[1:].tolist() == [2, 2, 2]
+
+
 def test_tokenize_pads_with_zero():
     ids = tokenize(["1 + 2", "(+ 1 2)"])
     assert ids.shape == (2, 5)
