@@ -124,8 +124,9 @@ def tokenize(expressions):
 
     Raises:
         ValueError: for a single string instead of a list of them, no
-            expressions, an element that is not a string (a number is not
-            turned into one) or a character outside the vocabulary.
+            expressions, an empty (or all-space) one, an element that is
+            not a string (a number is not turned into one) or a character
+            outside the vocabulary.
     """
     if isinstance(expressions, (str, bytes)) or not isinstance(
         expressions, Iterable
@@ -145,7 +146,14 @@ def tokenize(expressions):
             "`expressions` must hold at least one expression. Received: "
             "expressions=[]"
         )
-    for text in expressions:
+    for index, text in enumerate(expressions):
+        if not text.strip(" "):
+            # It would be a row of padding only: no token for a model to
+            # attend to.
+            raise ValueError(
+                "`expressions` must not hold empty expressions. Received: "
+                f"expressions[{index}]={text!r}"
+            )
         unknown = sorted(set(text) - set(vocab) - {" "})
         if unknown:
             raise ValueError(

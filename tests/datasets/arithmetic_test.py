@@ -108,6 +108,9 @@ def test_numpy_integer_arguments_accepted():
     [
         ([], "at least one expression"),
         (["(1 + 7)"], r"\['7'\] in '\(1 \+ 7\)'"),
+        # An empty expression was a row of padding only.
+        (["1", ""], r"not hold empty.*Received: expressions\[1\]=''"),
+        (["  "], r"not hold empty.*Received: expressions\[0\]='  '"),
     ],
 )
 def test_tokenize_rejects_empty_input_and_unknown_characters(
