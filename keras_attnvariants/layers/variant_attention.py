@@ -263,6 +263,14 @@ def _check_sizes(num_heads, key_dim, kwargs):
     return num_heads, key_dim
 
 
+def mask_tensor(mask):
+    """`mask` as a tensor where it is a nested list (Keras MHA takes one:
+    it casts its masks), else unchanged; the mask checks read `.shape`."""
+    if mask is None or hasattr(mask, "shape"):
+        return mask
+    return ops.convert_to_tensor(mask)
+
+
 def check_padding_mask(name, mask, tensor):
     """`ValueError` unless `mask` is `(batch, length)` for `tensor`
     `(batch, length, dim)` (a batch of 1 broadcasts); `None` and unknown
@@ -572,6 +580,9 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         # The full MHA signature: Keras fills `*_mask` from input masks only
         # for arguments that `call` names.
         check_attention_inputs(query, value, key)
+        query_mask, value_mask, key_mask, attention_mask = map(
+            mask_tensor, (query_mask, value_mask, key_mask, attention_mask)
+        )
         self._check_call_masks(
             query, value, key, query_mask, value_mask, key_mask, attention_mask
         )
@@ -646,10 +657,15 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             query,
             value,
             key,
-            kwargs.get("query_mask"),
-            kwargs.get("value_mask"),
-            kwargs.get("key_mask"),
-            kwargs.get("attention_mask"),
+            *(
+                mask_tensor(kwargs.get(name))
+                for name in (
+                    "query_mask",
+                    "value_mask",
+                    "key_mask",
+                    "attention_mask",
+                )
+            ),
         )
         # A functional model was built, and failed only when it ran.
         self._check_causal(kwargs.get("use_causal_mask", False))

@@ -134,6 +134,30 @@ class CallFlagsTest(TestCase):
             layer(_x(), _x(), **{flag: "no"})
 
 
+class ListMaskTest(TestCase):
+    # Keras MHA takes masks as nested lists (it casts them); the mask checks
+    # read `.shape` and failed with AttributeError.
+    @parameterized.product(
+        name=list(LAYERS),
+        arg=["query_mask", "value_mask", "key_mask", "attention_mask"],
+    )
+    def test_list_masks_act_as_arrays(self, name, arg):
+        query, value = _x(length=3), _x(length=4, seed=1)
+        masks = {
+            "query_mask": np.array([[1, 1, 0], [1, 0, 0]], bool),
+            "value_mask": np.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool),
+            "key_mask": np.array([[1, 0, 1, 1], [1, 1, 1, 0]], bool),
+            "attention_mask": np.random.default_rng(2).random((2, 3, 4)) > 0.3,
+        }
+        layer = LAYERS[name](2, 2, seed=3)
+        want = layer(query, value, **{arg: masks[arg]}, training=False)
+        got = layer(query, value, **{arg: masks[arg].tolist()}, training=False)
+        self.assertAllClose(got, want)
+        # And a wrong list still gets the shape error.
+        with self.assertRaisesRegex(ValueError, f"`{arg}`.*Received"):
+            layer(query, value, **{arg: masks[arg][:, :2].tolist()})
+
+
 @pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",
     reason="JAX and PyTorch trace with known sizes",
