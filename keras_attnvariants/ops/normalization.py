@@ -89,10 +89,14 @@ def custom_gradient_of(function, inputs, constants=()):
 
 
 def as_scores(scores, name="scores"):
-    """`scores` as a tensor (array-likes such as lists converted), with
-    `ValueError` for fewer than 2 axes `(..., T, S)`."""
+    """`scores` as a tensor (array-likes such as lists converted; integer
+    and bool ones as float32), with `ValueError` for fewer than 2 axes
+    `(..., T, S)`."""
     if not hasattr(scores, "dtype"):
         scores = ops.convert_to_tensor(scores)
+    if not keras.backend.is_float_dtype(scores.dtype):
+        # The weights were cast back to it: all zeros for integer scores.
+        scores = ops.cast(scores, "float32")
     shape = static_shape(scores)
     if shape is not None and len(shape) < 2:
         raise ValueError(
@@ -324,8 +328,9 @@ def masked_softmax(scores, mask=None):
             may attend (`ValueError` if its static shape is not).
 
     Returns:
-        Weights of the shape and dtype of `scores`. Masked entries are 0 and
-        a query row with no valid key is all zeros.
+        Weights of the shape and dtype of `scores` (float32 for integer
+        scores). Masked entries are 0 and a query row with no valid key
+        is all zeros.
     """
     scores = as_scores(scores)
     x, mask = _prepare(scores, mask)
@@ -351,8 +356,9 @@ def doubly_normalize(scores, mask=None, iterations=1):
         iterations: int >= 1. Sinkhorn iterations; 1 is the paper's DNAS.
 
     Returns:
-        Weights of the shape and dtype of `scores`: each valid row sums to 1
-        and every valid key's column sums to at least `1 / S_valid`
+        Weights of the shape and dtype of `scores` (float32 for integer
+        scores): each valid row sums to 1 and every valid key's column
+        sums to at least `1 / S_valid`
         (Theorem 2). Masked entries, rows with no valid key and columns with
         no valid query are 0.
     """
@@ -400,7 +406,8 @@ def hybrid_normalize(scores, mix, mask=None, iterations=1):
         iterations: Sinkhorn iterations of the doubly-normalized part.
 
     Returns:
-        Weights of the shape and dtype of `scores`.
+        Weights of the shape and dtype of `scores` (float32 for integer
+        scores).
     """
     iterations = check_int("iterations", iterations)
     scores = as_scores(scores)

@@ -31,6 +31,23 @@ class NormalizationTest(TestCase):
         want = ref.doubly_normalized_attention(scores, mask, iterations)
         self.assertAllClose(got, want, atol=1e-5)
 
+    def test_integer_scores_give_float32_weights(self):
+        # The float32 weights were cast back to the scores' int32: all 0.
+        scores = np.array([[[0, 1, 2], [2, 1, 0]]], "int32")
+        floats = scores.astype("float32")
+        cases = [
+            (kav_ops.masked_softmax, ref.softmax_attention, ()),
+            (kav_ops.doubly_normalize, ref.doubly_normalized_attention, ()),
+            (kav_ops.hybrid_normalize, ref.hybrid_attention, (0.5,)),
+        ]
+        for op, reference, args in cases:
+            got = op(scores, *args)
+            self.assertEqual(ops.dtype(got), "float32")
+            self.assertAllClose(got, reference(floats, *args), atol=1e-6)
+        self.assertEqual(
+            ops.dtype(kav_ops.masked_softmax(scores > 0)), "float32"
+        )
+
     def test_keys_far_below_the_rest_match_the_reference(self):
         # Key 2's logits sit ~1000 below the others: DNAS still gives it
         # its share (Theorem 2), and so must the reference (its one global
