@@ -53,6 +53,7 @@ import numpy as np  # noqa: E402
 # `benchmarks/` is sys.path[0] when this script runs.
 from harness import check_step_args  # noqa: E402
 from harness import device_name  # noqa: E402
+from harness import dtype_policy  # noqa: E402
 from harness import host_flops  # noqa: E402
 from harness import length_table  # noqa: E402
 from harness import machine_summary  # noqa: E402
@@ -329,6 +330,7 @@ def parse_args(argv):
     parser.add_argument(
         "--policies",
         nargs="+",
+        type=dtype_policy,
         default=["mixed_bfloat16", "float32"],
         help="Keras dtype policies",
     )

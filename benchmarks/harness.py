@@ -99,6 +99,28 @@ def matmul_fn(size):
     return (lambda: matmul(a, b)), 2.0 * size**3
 
 
+def output_file(text):
+    """argparse type of `--output`: a file path whose folder exists and
+    that is no folder (the report is written after all the timings, which
+    a bad path then lost)."""
+    folder = os.path.dirname(text) or "."
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"folder {folder!r} does not exist")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    return text
+
+
+def dtype_policy(text):
+    """argparse type: a Keras dtype policy name (a bad one failed after
+    the benchmark had started)."""
+    try:
+        keras.DTypePolicy(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).splitlines()[0]) from None
+    return text
+
+
 def step_parser(description, lengths, repeats, min_time):
     """`argparse` parser with the options every step benchmark shares.
 
@@ -111,7 +133,9 @@ def step_parser(description, lengths, repeats, min_time):
         usage="%(prog)s [--quick] [options] (see --help)",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes")
-    parser.add_argument("--output", help="also write the tables here")
+    parser.add_argument(
+        "--output", type=output_file, help="also write the tables here"
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)

@@ -39,11 +39,13 @@ import numpy as np  # noqa: E402
 # `benchmarks/` is sys.path[0] when this script runs.
 from harness import cpu_allocator  # noqa: E402
 from harness import device_name  # noqa: E402
+from harness import dtype_policy  # noqa: E402
 from harness import host_flops  # noqa: E402
 from harness import load_average_1min  # noqa: E402
 from harness import machine_summary  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
+from harness import output_file  # noqa: E402
 from harness import time_alternating  # noqa: E402
 from harness import warm_up  # noqa: E402
 
@@ -185,11 +187,14 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--dtype-policy",
+        type=dtype_policy,
         default="float32",
         help="keras dtype policy of every model, e.g. mixed_bfloat16 on a "
         "GPU; the alignment terms compute in float32 under any of them",
     )
-    parser.add_argument("--output", default=None, help="Markdown file")
+    parser.add_argument(
+        "--output", type=output_file, default=None, help="Markdown file"
+    )
     args = parser.parse_args(argv)
     # 0 is an error, not "the default" (`args.layers or 2` took it so).
     for name in (

@@ -63,6 +63,7 @@ from harness import machine_info  # noqa: E402
 from harness import matmul_fn  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
+from harness import output_file  # noqa: E402
 from harness import steps_for  # noqa: E402
 from harness import time_alternating  # noqa: E402
 from harness import train_step_fn  # noqa: E402
@@ -513,7 +514,9 @@ def parse_args(argv):
     parser.add_argument(
         "--quick", action="store_true", help="tiny sizes (CI smoke run)"
     )
-    parser.add_argument("--output", help="write the Markdown report here")
+    parser.add_argument(
+        "--output", type=output_file, help="write the Markdown report here"
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)

@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 from harness import machine_summary  # noqa: E402
 from harness import median_ratio  # noqa: E402
 from harness import median_time  # noqa: E402
+from harness import output_file  # noqa: E402
 from harness import time_alternating  # noqa: E402
 from harness import warm_up  # noqa: E402
 from harness import write_report  # noqa: E402
@@ -81,7 +82,7 @@ def parse_args(argv=None):
     parser.add_argument("--key-dim", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--output", default=None)
+    parser.add_argument("--output", type=output_file, default=None)
     args = parser.parse_args(argv)
     for name in ("batch_size", "length", "heads", "key_dim", "repeats"):
         if getattr(args, name) < 1:

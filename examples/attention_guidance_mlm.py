@@ -46,6 +46,7 @@ import keras
 import keras_hub
 import numpy as np
 from flag_types import non_negative_float
+from flag_types import output_folder
 from flag_types import positive_float
 from flag_types import positive_int
 from flag_types import seed
@@ -277,6 +278,7 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument(
         "--output-dir",
+        type=output_folder,
         default=os.path.join(tempfile.gettempdir(), "attention_guidance_mlm"),
     )
     args = parser.parse_args(argv)

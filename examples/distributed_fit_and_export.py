@@ -13,6 +13,8 @@ import os
 import sys
 import time
 
+from flag_types import output_folder
+
 from keras_attnvariants import distribute
 
 LENGTH, VOCAB = 16, 50
@@ -68,6 +70,7 @@ def parse_args(argv):
     )
     parser.add_argument(
         "--output",
+        type=output_folder,
         default=os.path.join("saved_models", "example_export"),
         help="SavedModel directory (default saved_models/example_export)",
     )

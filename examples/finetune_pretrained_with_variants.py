@@ -27,6 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import keras  # noqa: E402
 import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
+from flag_types import output_folder  # noqa: E402
 from flag_types import positive_float  # noqa: E402
 from flag_types import positive_int  # noqa: E402
 from flag_types import seed  # noqa: E402
@@ -171,7 +172,9 @@ def parse_args(argv=None):
     )
     parser.add_argument("--hybrid-init", type=unit_float, default=0.1)
     parser.add_argument("--variants", default="standard,dnas,hnas")
-    parser.add_argument("--out", default="outputs/finetune_variants")
+    parser.add_argument(
+        "--out", type=output_folder, default="outputs/finetune_variants"
+    )
     parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument(
         "--run-eagerly",

@@ -6,6 +6,7 @@ script in it runs).
 """
 
 import argparse
+import math
 import os
 
 from keras_attnvariants.validation import SEED_LIMIT
@@ -28,18 +29,21 @@ def non_negative_int(text):
 
 
 def positive_float(text):
-    """argparse type: a float > 0."""
+    """argparse type: a finite float > 0 (`inf` learning rates, scales or
+    temperatures failed later, in the run, as NaN)."""
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {value}")
     return value
 
 
 def non_negative_float(text):
-    """argparse type: a float >= 0."""
+    """argparse type: a finite float >= 0."""
     value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(
+            f"must be finite and >= 0, got {value}"
+        )
     return value
 
 
@@ -62,9 +66,26 @@ def seed(text):
 
 
 def output_file(text):
-    """argparse type: a file path whose folder exists (a figure written at
-    the end of a run failed there, after all the work)."""
+    """argparse type: a file path whose folder exists and that is no folder
+    (a figure written at the end of a run failed there, after all the
+    work)."""
     folder = os.path.dirname(text) or "."
     if not os.path.isdir(folder):
         raise argparse.ArgumentTypeError(f"folder {folder!r} does not exist")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    return text
+
+
+def output_folder(text):
+    """argparse type: a folder path that exists as a folder or can be made
+    (no file in its place or above it): `os.makedirs` at the end of a run
+    failed there, after all the work."""
+    path = os.path.abspath(text)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise argparse.ArgumentTypeError(
+            f"{path!r} is a file: no folder can be made at {text!r}"
+        )
     return text

@@ -439,3 +439,35 @@ def test_suite_memory_counts_buffers_at_their_own_size():
     )
     one, two = json.loads(out.stdout.strip().splitlines()[-1])
     np.testing.assert_allclose([one, two], [40.0, 80.0], atol=0.01)
+
+
+@pytest.mark.parametrize(
+    "name, extra",
+    [
+        ("attention_step", []),
+        ("gumbel_step", []),
+        ("dropout_step", []),
+        ("accelerator_step", []),
+        ("suite", []),
+        ("kq_alignment_overhead", []),
+        ("torch_compile_step", []),
+    ],
+)
+def test_output_paths_are_checked_before_the_timings(name, extra, tmp_path):
+    # The report was written after all the timings: a missing folder or a
+    # folder in the file's place failed then, with a traceback.
+    script = _load(name)
+    for bad in (str(tmp_path / "missing" / "report.md"), str(tmp_path)):
+        _rejects(script.parse_args, [*extra, "--output", bad])
+    good = str(tmp_path / "report.md")
+    assert script.parse_args([*extra, "--output", good]).output == good
+
+
+def test_dtype_policies_are_checked_before_the_timings():
+    for name, flag in (
+        ("kq_alignment_overhead", "--dtype-policy"),
+        ("accelerator_step", "--policies"),
+    ):
+        script = _load(name)
+        _rejects(script.parse_args, [flag, "float31"])
+        assert script.parse_args([flag, "mixed_bfloat16"])

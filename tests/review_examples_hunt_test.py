@@ -115,3 +115,34 @@ def test_arithmetic_plot_takes_results_with_the_unseen_column(tmp_path):
     path = tmp_path / "depths.png"
     example.plot({("separate", "infix"): (50.0, 90.0, 40.0, 30.0, 20.0)}, path)
     assert path.stat().st_size > 0
+
+
+def test_output_folders_and_scales_are_checked_before_the_work(
+    capsys, tmp_path
+):
+    # A file in an output folder's place (or above it) failed only at the
+    # end, in `os.makedirs` or the export, after the training; `--scale inf`
+    # failed in `np.histogram`.
+    import pytest
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for name, flag in (
+        ("attention_guidance_mlm", "--output-dir"),
+        ("distributed_fit_and_export", "--output"),
+        ("finetune_pretrained_with_variants", "--out"),
+    ):
+        example = _load(name)
+        for bad in (str(blocker), str(blocker / "below")):
+            with pytest.raises(SystemExit) as exit_info:
+                example.parse_args([flag, bad])
+            assert exit_info.value.code == 2
+            assert "is a file" in capsys.readouterr().err
+        fresh = str(tmp_path / "new" / "folder")
+        args = vars(example.parse_args([flag, fresh]))
+        assert fresh in args.values()
+    example = _load("explain_away_histogram")
+    for bad in ("inf", "-inf", "nan", "0"):
+        with pytest.raises(SystemExit):
+            example.parse_args(["--scale", bad])
+    assert example.parse_args(["--scale", "2.5"]).scale == 2.5
