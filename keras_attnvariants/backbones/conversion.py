@@ -28,6 +28,7 @@ import sys
 import keras
 from keras import ops
 from keras.src.backend import compute_output_spec
+from keras.src.backend.common.name_scope import current_path
 from keras.src.saving import serialization_lib
 
 from keras_attnvariants.layers.variant_attention import VariantAttention
@@ -318,9 +319,46 @@ def _check_decoder_class(attention_class):
         )
 
 
+def scope_prefix(model):
+    """The name scope `model`'s layers were built in, as the start of their
+    paths: `"outer/"` for a backbone built in `keras.name_scope("outer")`
+    (or in a layer's `build`, which Keras runs in the layer's scope), `""`
+    outside any. Weights are matched by their paths below it."""
+    for layer in model.layers:
+        path = layer.path
+        if path is not None and path.endswith(layer.name):
+            return path[: len(path) - len(layer.name)]
+    return ""
+
+
+def relative_path(obj, prefix):
+    """The path of a layer or variable below `prefix` (`scope_prefix`)."""
+    path = obj.path
+    if path is not None and path.startswith(prefix):
+        return path[len(prefix) :]
+    return path
+
+
+def relative_paths(objects, model):
+    """`{path below scope_prefix(model): obj}` for layers or variables."""
+    prefix = scope_prefix(model)
+    return {
+        relative_path(obj, prefix): obj
+        for obj in objects
+        if obj.path is not None
+    }
+
+
 @contextlib.contextmanager
 def _path_scope(path):
-    """Name scopes reproducing a layer path, so variable paths match."""
+    """Name scopes reproducing a layer path, so variable paths match.
+
+    `path` starts with the name scope open now when the layer was built in
+    it (a conversion in a scope): only the part below it is entered, which
+    gave `outer/outer/...` paths before."""
+    current = current_path()
+    if current and path.startswith(current + "/"):
+        path = path[len(current) + 1 :]
     with contextlib.ExitStack() as stack:
         for part in path.split("/"):
             stack.enter_context(keras.name_scope(part))
@@ -684,15 +722,15 @@ def _attention_extra_variables(backbone):
     return extra
 
 
-def _by_path(variables, what):
-    table = {}
-    for variable in variables:
-        if variable.path in table:
-            raise ValueError(
-                f"Two variables of the {what} backbone share the path "
-                f"{variable.path!r}; weights cannot be carried over by name."
-            )
-        table[variable.path] = variable
+def _by_path(model, what):
+    table = relative_paths(model.weights, model)
+    if len(table) < len(model.weights):
+        paths = [variable.path for variable in model.weights]
+        twice = sorted({path for path in paths if paths.count(path) > 1})
+        raise ValueError(
+            f"Two variables of the {what} backbone share a path "
+            f"({twice}); weights cannot be carried over by name."
+        )
     return table
 
 
@@ -704,8 +742,8 @@ def copy_weights_by_path(source, target):
     variables of `source` without a counterpart must be extra variables of
     a previously converted attention layer.
     """
-    source_vars = _by_path(source.weights, "original")
-    target_vars = _by_path(target.weights, "converted")
+    source_vars = _by_path(source, "original")
+    target_vars = _by_path(target, "converted")
     new_ok = _attention_extra_variables(target)
     dropped_ok = _attention_extra_variables(source)
     missing = [
@@ -750,19 +788,17 @@ def carry_lora(source, target):
     `copy_trainable_by_path` keep the base kernels frozen), and the
     backbone's LoRA bookkeeping is redone for `save_lora_weights`.
     """
-    targets = {
-        layer.path: layer
-        for layer in target._flatten_layers(include_self=False)
-    }
-    for old in source._flatten_layers(include_self=False):
-        new = targets.get(old.path)
+    targets = relative_paths(target._flatten_layers(include_self=False), target)
+    sources = relative_paths(source._flatten_layers(include_self=False), source)
+    for path, old in sources.items():
+        new = targets.get(path)
         if (
             not getattr(old, "lora_enabled", False)
             or new is None
             or getattr(new, "lora_enabled", False)
         ):
             continue
-        parent = old.path.rpartition("/")[0]
+        parent = new.path.rpartition("/")[0]
         scope = _path_scope(parent) if parent else contextlib.nullcontext()
         with scope:
             new.enable_lora(old.lora_rank, lora_alpha=old.lora_alpha)
@@ -784,20 +820,19 @@ def copy_trainable_by_path(source, target):
     """Gives each layer of `target` the `trainable` flag of the `source`
     layer of the same path (parents first, so a frozen parent's unfrozen
     sublayer stays unfrozen, as in `source`)."""
-    flags = {
-        layer.path: layer.trainable
-        for layer in source._flatten_layers(include_self=False)
-        if layer.path is not None
-    }
+    layers = relative_paths(source._flatten_layers(include_self=False), source)
+    prefix = scope_prefix(target)
     for layer in target._flatten_layers(include_self=False):
-        if layer.path in flags:
-            layer.trainable = flags[layer.path]
+        path = relative_path(layer, prefix)
+        if path in layers:
+            layer.trainable = layers[path].trainable
     # Then each variable's own flag: LoRA freezes a projection's kernel
     # inside a trainable layer.
-    variables = {v.path: v.trainable for v in source.weights}
+    variables = relative_paths(source.weights, source)
     for variable in target.weights:
-        if variable.path in variables:
-            variable.trainable = variables[variable.path]
+        path = relative_path(variable, prefix)
+        if path in variables:
+            variable.trainable = variables[path].trainable
 
 
 def _accepted_arguments(attention_class):

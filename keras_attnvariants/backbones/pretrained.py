@@ -7,6 +7,9 @@ from keras import ops
 from keras_attnvariants.backbones.conversion import carry_lora
 from keras_attnvariants.backbones.conversion import copy_trainable_by_path
 from keras_attnvariants.backbones.conversion import import_keras_hub
+from keras_attnvariants.backbones.conversion import relative_path
+from keras_attnvariants.backbones.conversion import relative_paths
+from keras_attnvariants.backbones.conversion import scope_prefix
 from keras_attnvariants.datasets.offline import minilm_path
 from keras_attnvariants.validation import check_int
 
@@ -134,11 +137,14 @@ def first_layers(backbone, num_layers):
     # keras-hub's config does not hold LoRA: without this the copy had no
     # adapters (it computed something else) and its kernels stayed frozen.
     carry_lora(backbone, truncated)
-    source = {variable.path: variable for variable in backbone.weights}
+    # By their paths below the name scope each was built in (`outer/...`
+    # for a backbone built in `keras.name_scope("outer")`).
+    source = relative_paths(backbone.weights, backbone)
+    prefix = scope_prefix(truncated)
     for variable in truncated.weights:
         # A copy (on JAX `assign` would share the buffer; see
         # `copy_weights_by_path`).
-        variable.assign(ops.copy(source[variable.path]))
+        variable.assign(ops.copy(source[relative_path(variable, prefix)]))
     copy_trainable_by_path(backbone, truncated)
     return truncated
 

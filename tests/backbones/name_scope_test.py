@@ -1,0 +1,132 @@
+"""Conversion and truncation of backbones built, converted or rebuilt in a
+Keras name scope.
+
+Weights are matched by path, and a name scope starts every path: a backbone
+built in `keras.name_scope("outer")` (or in a layer's `build`, which Keras
+runs in the layer's scope) failed to convert ("Could not carry the weights
+over by name"), `first_layers` raised a bare KeyError, and a converted
+backbone rebuilt in a scope gave its attention layers `outer/outer/...`
+paths.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_attnvariants as kav
+from keras_attnvariants.backbones import convert_backbone
+from keras_attnvariants.backbones import first_layers
+from keras_attnvariants.backbones.conversion import self_attention_layers
+
+keras_hub = pytest.importorskip("keras_hub")
+
+
+def _bert(num_layers=2):
+    return keras_hub.models.BertBackbone(
+        vocabulary_size=50,
+        num_layers=num_layers,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=8,
+    )
+
+
+def _inputs():
+    valid = np.arange(6)[None] < np.array([[6], [4]])
+    ids = np.random.default_rng(0).integers(1, 50, (2, 6))
+    return {
+        "token_ids": np.where(valid, ids, 0).astype("int32"),
+        "segment_ids": np.zeros((2, 6), "int32"),
+        "padding_mask": valid.astype("int32"),
+    }
+
+
+def _sequence(backbone):
+    out = backbone(_inputs(), training=False)["sequence_output"]
+    return keras.ops.convert_to_numpy(out)
+
+
+def _real(values):
+    return values[_inputs()["padding_mask"].astype(bool)]
+
+
+def _below(model, prefix):
+    return sorted(v.path[len(prefix) :] for v in model.weights)
+
+
+def test_backbone_built_in_a_scope_converts_and_truncates():
+    with keras.name_scope("outer"):
+        original = _bert()
+        original.enable_lora(rank=2)
+    original.get_layer("transformer_layer_1").trainable = False
+    converted = convert_backbone(original, kav.HybridAttention, hybrid_init=0)
+    np.testing.assert_allclose(
+        _real(_sequence(converted)), _real(_sequence(original)), atol=1e-5
+    )
+    # The LoRA adapters and the frozen block came along.
+    for layer in self_attention_layers(converted):
+        assert layer._query_dense.lora_enabled
+    assert not converted.get_layer("transformer_layer_1").trainable
+    trainable = sorted(
+        v.path[len("outer/") :] for v in original.trainable_weights
+    )
+    new = sorted(
+        v.path
+        for v in converted.trainable_weights
+        if not v.path.endswith("hybrid_weight")
+    )
+    assert new == trainable
+    truncated = first_layers(original, 1)
+    assert truncated.num_layers == 1
+    source = {v.path[len("outer/") :]: v for v in original.weights}
+    for variable in truncated.weights:
+        np.testing.assert_array_equal(
+            np.asarray(variable), np.asarray(source[variable.path])
+        )
+
+
+def test_conversion_inside_a_layers_build():
+    original = _bert()
+
+    class Wrapper(keras.layers.Layer):
+        def build(self, input_shape):
+            # Keras runs `build` in the layer's name scope.
+            self.backbone = convert_backbone(
+                original, kav.HybridAttention, hybrid_init=0.0
+            )
+
+        def call(self, inputs):
+            return self.backbone(inputs)["sequence_output"]
+
+    wrapper = Wrapper(name="wrap")
+    out = keras.ops.convert_to_numpy(wrapper(_inputs()))
+    np.testing.assert_allclose(
+        _real(out), _real(_sequence(original)), atol=1e-5
+    )
+    paths = [v.path for v in wrapper.backbone.weights]
+    assert all(path.startswith("wrap/") for path in paths), paths
+    assert _below(wrapper.backbone, "wrap/") == sorted(
+        [v.path for v in original.weights]
+        + [
+            f"transformer_layer_{i}/self_attention_layer/hybrid_weight"
+            for i in range(2)
+        ]
+    )
+    with keras.name_scope("outer"):
+        truncated = first_layers(original, 1)
+    assert truncated.num_layers == 1
+
+
+def test_rebuilt_in_a_scope_keeps_one_prefix():
+    term = kav.KQAlignment(method="gan")
+    converted = convert_backbone(
+        _bert(), kav.HybridAttention, hybrid_init=0.0, attention_losses=[term]
+    )
+    with keras.name_scope("outer"):
+        rebuilt = type(converted).from_config(converted.get_config())
+    paths = [v.path for v in rebuilt.weights]
+    assert not any(path.startswith("outer/outer") for path in paths), paths
+    assert _below(rebuilt, "outer/") == sorted(
+        v.path for v in converted.weights
+    )
