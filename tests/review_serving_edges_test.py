@@ -42,6 +42,37 @@ def test_empty_batch_or_sequence_is_served_like_mha(name, shape):
         assert tuple(out.shape) == tuple(expected.shape)
 
 
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_no_keys_with_scores_is_served_like_mha(name):
+    # Cross-attention to an empty key sequence with the weights returned:
+    # PyTorch's one_hot raised for the argmax and sample modes.
+    query = np.random.default_rng(0).normal(size=(2, 3, 8)).astype("float32")
+    value = np.zeros((2, 0, 8), "float32")
+    _, want = keras.layers.MultiHeadAttention(2, 4)(
+        query, value, return_attention_scores=True
+    )
+    out, scores = LAYERS[name]()(query, value, return_attention_scores=True)
+    assert tuple(scores.shape) == tuple(want.shape) == (2, 2, 3, 0)
+    assert tuple(out.shape) == (2, 3, 8)
+    assert not np.any(keras.ops.convert_to_numpy(out))
+
+
+def test_empty_sequence_through_the_two_stream_block_and_one_hot_argmax():
+    streams = [np.zeros((2, 0, 8), "float32")] * 2
+    block = kav.TwoStreamBlock(d_model=8, num_heads=2, d_ff=16, seed=1)
+    for training in (False, True):
+        out = keras.tree.flatten(block(streams, training=training))
+        assert [tuple(x.shape) for x in out] == [
+            (2, 0, 8),
+            (2, 0, 8),
+            (2, 2, 0, 0),
+        ]
+    got = kav.ops.one_hot_argmax(np.zeros((2, 3, 0), "float32"))
+    assert tuple(got.shape) == (2, 3, 0)
+    with pytest.raises(ValueError, match="`scores` must have shape"):
+        kav.ops.one_hot_argmax(np.float32(1.0))
+
+
 def _masked_model(make):
     tokens = keras.Input((None,), dtype="int32")
     x = keras.layers.Embedding(11, 8, mask_zero=True)(tokens)

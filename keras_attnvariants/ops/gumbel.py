@@ -19,6 +19,7 @@ import keras
 from keras import ops
 
 from keras_attnvariants.ops.masking import MASK_FILL
+from keras_attnvariants.ops.normalization import as_scores
 from keras_attnvariants.ops.normalization import row_max
 from keras_attnvariants.ops.normalization import statically_empty
 from keras_attnvariants.validation import check_broadcastable
@@ -418,6 +419,9 @@ def one_hot_at(indices, size, mask=None):
     Entries outside `mask` (broadcastable to the result) are 0, so a row
     with no valid key is all zeros.
     """
+    if isinstance(size, int) and size == 0:
+        # No key (an empty sequence): PyTorch's one_hot raises.
+        return ops.zeros((*ops.shape(indices), 0), "float32")
     return _finish(ops.one_hot(indices, size, dtype="float32"), mask)
 
 
@@ -437,8 +441,10 @@ def one_hot_argmax(scores, mask=None):
     """Exactly one-hot float32 weights at the noise-free argmax.
 
     Ties pick the first maximal key. Masked keys are never selected; a row
-    with no valid key is all zeros.
+    with no valid key is all zeros. `ValueError` for scores with fewer
+    than 2 axes `(..., T, S)`.
     """
+    scores = as_scores(scores)
     indices = argmax_indices(selection_logits(scores, mask))
     return one_hot_at(indices, ops.shape(scores)[-1], mask)
 
