@@ -5,6 +5,7 @@ guided head's query `p` should put on the keys. Rows of padded queries and
 columns of padded keys are zero, so padding never enters the guidance loss.
 """
 
+import numpy as np
 from keras import ops
 
 from keras_attnvariants.validation import check_integer_dtype
@@ -46,16 +47,22 @@ def _check_pattern_args(name, token_ids, token_id, edge_rows):
 
 
 def normalize_token_id(token_id, name="token_id", note=""):
-    """`token_id` (an int or a non-empty list of ints) as a tuple of ints.
+    """`token_id` (an int >= 0 or a non-empty list of them) as a tuple of
+    ints.
 
-    Python and NumPy ints are accepted (not booleans); the error names the
-    argument `name`, followed by `note`.
+    Python and NumPy ints are accepted (not booleans), and 1-D NumPy
+    arrays of them; a negative id, which no token has, is refused. The
+    error names the argument `name`, followed by `note`.
     """
-    ids = token_id if isinstance(token_id, (list, tuple)) else [token_id]
-    if not ids or not all(is_int(i) for i in ids):
+    ids = token_id
+    if isinstance(ids, np.ndarray) and ids.ndim == 1:
+        ids = list(ids)
+    if not isinstance(ids, (list, tuple)):
+        ids = [ids]
+    if not ids or not all(is_int(i) and i >= 0 for i in ids):
         raise ValueError(
-            f"`{name}`{note} must be an int or a non-empty list of ints. "
-            f"Received: {name}={token_id!r}"
+            f"`{name}`{note} must be an int >= 0 or a non-empty list of "
+            f"them. Received: {name}={token_id!r}"
         )
     return tuple(int(i) for i in ids)
 

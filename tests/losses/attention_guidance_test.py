@@ -395,6 +395,17 @@ class AttentionGuidanceRegularizerTest(TestCase):
             {"head_patterns": {0: "period"}, "period_id": [True]},
             "`period_id`",
         ),
+        # A negative id matches no token: the head was guided to nothing.
+        (
+            "delim_negative",
+            {"head_patterns": {0: "delimiter"}, "delimiter_ids": -1},
+            r"`delimiter_ids` must be an int >= 0.*Received: delimiter_ids=-1",
+        ),
+        (
+            "period_negative",
+            {"head_patterns": {0: "period"}, "period_id": [3, -2]},
+            r"`period_id` must be an int >= 0",
+        ),
         # NaN passed every `<` check; floats were truncated silently; inf
         # steps raised OverflowError.
         ("alpha_nan", {"alpha": float("nan")}, "`alpha`"),
@@ -409,6 +420,12 @@ class AttentionGuidanceRegularizerTest(TestCase):
         args = {"head_patterns": {0: "next"}, "alpha": 1.0, **kwargs}
         with self.assertRaisesRegex(ValueError, message):
             AttentionGuidanceRegularizer(**args)
+
+    def test_numpy_id_arrays_are_accepted(self):
+        reg = AttentionGuidanceRegularizer(
+            {0: "delimiter"}, alpha=1.0, delimiter_ids=np.array([1, 2])
+        )
+        self.assertEqual(reg.delimiter_ids, [1, 2])
 
     def test_numpy_scalars_are_accepted(self):
         reg = AttentionGuidanceRegularizer(
