@@ -63,7 +63,18 @@ def gradient_importance(predict, embeddings):
 
     Returns:
         float32 NumPy array `(B, T)`.
+
+    Raises:
+        ValueError: for a `predict` that is not callable, embeddings not
+            `(B, T, D)` or logits not `(B, C)`.
     """
+    if not callable(predict):
+        # It failed with "'...' object is not callable" inside the tape.
+        raise ValueError(
+            "`predict` must be a function (e.g. a Keras model) from "
+            "embeddings `(B, T, D)` to logits `(B, C)`. Received: "
+            f"predict={predict!r}"
+        )
     h0 = as_numpy(embeddings, "float32")
     if h0.ndim != 3:
         raise ValueError(

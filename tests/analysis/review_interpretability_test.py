@@ -23,6 +23,13 @@ def test_gradient_importance_rejects_logits_without_a_class_axis():
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_gradient_importance_rejects_a_predict_that_is_not_callable():
+    # Swapped arguments failed with "object is not callable" in the tape.
+    h0 = np.ones((2, 2, 3), "float32")
+    with pytest.raises(ValueError, match=r"`predict` must be a function"):
+        interp.gradient_importance(h0, h0)
+
+
 def test_attention_importance_rejects_no_layers():
     # An empty list returned the scalar 0.0 instead of (B, S) scores.
     with pytest.raises(ValueError, match="attentions"):
