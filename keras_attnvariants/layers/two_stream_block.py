@@ -331,6 +331,15 @@ class TwoStreamBlock(keras.layers.Layer):
         self._check_input_shape(
             keras.tree.map_structure(lambda x: tuple(x.shape), inputs)
         )
+        for stream in keras.tree.flatten(inputs):
+            if not keras.backend.is_float_dtype(stream.dtype):
+                # Integer streams failed in a backend matmul.
+                raise ValueError(
+                    "The streams must be float tensors `(B, T, d_model)` "
+                    "(embeddings: `TwoStreamEncoder` takes token ids). "
+                    "Received: a stream of dtype "
+                    f"{keras.backend.standardize_dtype(stream.dtype)}"
+                )
         if padding_mask is not None:
             g = inputs[0] if self.mode == "two_stream" else inputs
             self._check_padding_mask(padding_mask, g)

@@ -240,6 +240,19 @@ class TwoStreamArgumentsTest(TestCase):
         )
         self.assertEqual(tuple(g2.shape), (2, 3, 4))
 
+    def test_integer_streams_raise(self):
+        # They failed in a backend matmul (InvalidArgumentError, ...).
+        ids = np.ones((2, 3, 4), "int32")
+        with self.assertRaisesRegex(
+            ValueError, "streams must be float.*dtype int32"
+        ):
+            TwoStreamBlock(4, 2, 8)((ids, ids))
+        with self.assertRaisesRegex(ValueError, "streams must be float"):
+            TwoStreamBlock(4, 2, 8, mode="single_stream")(ids)
+        # float64 streams are cast to the policy, as before.
+        (g, _), _ = TwoStreamBlock(4, 2, 8)((_x().astype("float64"),) * 2)
+        self.assertEqual(tuple(g.shape), (2, 3, 4))
+
     def test_non_bool_flags_raise(self):
         g = _x()
         with self.assertRaisesRegex(ValueError, "`use_causal_mask` must be"):
