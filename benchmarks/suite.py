@@ -23,7 +23,7 @@ CPU allocator during one step above those held before it (inputs,
 weights), in a fresh subprocess that runs the BFC allocator
 (`TF_CPU_ALLOCATOR_USE_BFC=true`), whose statistics count every tensor and
 every XLA temporary buffer, its pool first grown by one region larger than
-any step (`RESERVE_MIB`) so that each buffer is counted at its own size.
+any step (`reserve_mib`) so that each buffer is counted at its own size.
 (The process RSS high-water mark, used before 2026-11-25, missed the step's
 buffers: XLA:CPU reuses its memory between calls.)
 
@@ -87,7 +87,20 @@ ALLOCATOR_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
 # 128 MiB at S=512 where its step holds 69 at inference; two layers of one
 # compiled program 7.1 and 12.8 MiB). A region larger than every step is
 # split to the bytes requested; a step beyond it would grow the pool again.
+# 4 GiB at the default sizes (32 of their largest (B, N, S, S) float32
+# tensors, 128 MiB), at most; smaller sizes take less (`reserve_mib`): the
+# `--quick` run's steps of under 2 MiB held 4 GiB of zeros.
 RESERVE_MIB = 4096
+
+
+def reserve_mib(args):
+    """The region `memory_child` grows first: 32 of the largest
+    `(B, N, S, S)` float32 tensors, between 256 MiB and `RESERVE_MIB`."""
+    largest = max(
+        batch_for(args, s) * args.heads * s * s * 4 / 2**20
+        for s in args.lengths
+    )
+    return int(min(RESERVE_MIB, max(256, 32 * largest)))
 
 
 def configurations(heads, key_dim):
@@ -256,7 +269,7 @@ def peak_increase_mib(call):
 
 def grow_pool(mib):
     """Grows the BFC allocator's pool by one free region of `mib` MiB,
-    which later requests below it split to their own size (`RESERVE_MIB`)."""
+    which later requests below it split to their own size (`reserve_mib`)."""
     reserve = tf.zeros([mib * 2**18], "float32")
     np.asarray(reserve[:1])
     del reserve
@@ -265,7 +278,7 @@ def grow_pool(mib):
 
 def memory_child(args):
     """Peak memory per configuration, mode and S; prints one JSON line."""
-    grow_pool(RESERVE_MIB)
+    grow_pool(reserve_mib(args))
     out = {}
     key_dim = args.dim // args.heads
     for length in args.lengths:
@@ -459,7 +472,7 @@ def report(args, info, results, memory, load_end, elapsed):
                 "gradients included; a fresh subprocess with the BFC "
                 "allocator (`TF_CPU_ALLOCATOR_USE_BFC=true`), whose "
                 "statistics these are, its pool first grown by one "
-                f"{RESERVE_MIB // 1024} GiB region so that each buffer "
+                f"{reserve_mib(args)} MiB region so that each buffer "
                 "counts at its own size, not as a power-of-two chunk. "
                 "One (B, N, S, S) float32 tensor "
                 "is "

@@ -471,3 +471,15 @@ def test_dtype_policies_are_checked_before_the_timings():
         script = _load(name)
         _rejects(script.parse_args, [flag, "float31"])
         assert script.parse_args([flag, "mixed_bfloat16"])
+
+
+def test_suite_memory_reserve_follows_the_sizes():
+    # The --quick run's steps (under 2 MiB) grew a 4 GiB pool of zeros.
+    suite = _load("suite")
+    assert suite.reserve_mib(suite.parse_args(["--quick"])) == 256
+    # The default sizes keep the 4 GiB the memory table was measured with:
+    # 32 of their largest (B, N, S, S) float32 tensors (128 MiB).
+    assert suite.reserve_mib(suite.parse_args([])) == 4096
+    assert suite.reserve_mib(suite.parse_args(["--lengths", "512"])) == 1024
+    big = suite.parse_args(["--lengths", "4096", "--long-batch", "8"])
+    assert suite.reserve_mib(big) == suite.RESERVE_MIB
