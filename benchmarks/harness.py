@@ -32,6 +32,9 @@ import time
 import keras
 import numpy as np
 
+# `--output`'s type (a file whose folder exists), as the examples check it.
+from keras_attnvariants._argparse_types import output_file  # noqa: F401
+
 try:  # the timing helpers below serve every backend
     import tensorflow as tf
 except ImportError:  # e.g. a JAX / PyTorch-only accelerator machine
@@ -97,18 +100,6 @@ def matmul_fn(size):
         return tf.reduce_sum(tf.matmul(a, b))
 
     return (lambda: matmul(a, b)), 2.0 * size**3
-
-
-def output_file(text):
-    """argparse type of `--output`: a file path whose folder exists and
-    that is no folder (the report is written after all the timings, which
-    a bad path then lost)."""
-    folder = os.path.dirname(text) or "."
-    if not os.path.isdir(folder):
-        raise argparse.ArgumentTypeError(f"folder {folder!r} does not exist")
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
-    return text
 
 
 def dtype_policy(text):

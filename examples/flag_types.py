@@ -7,9 +7,24 @@ script in it runs).
 
 import argparse
 import math
-import os
 
+# Output paths, checked as the demo CLI and the benchmarks check theirs:
+# `output_file` (a file whose folder exists) and `output_folder` (a folder
+# that exists or can be made, and written).
+from keras_attnvariants._argparse_types import folder as output_folder
+from keras_attnvariants._argparse_types import output_file
 from keras_attnvariants.validation import SEED_LIMIT
+
+__all__ = [
+    "non_negative_float",
+    "non_negative_int",
+    "output_file",
+    "output_folder",
+    "positive_float",
+    "positive_int",
+    "seed",
+    "unit_float",
+]
 
 
 def positive_int(text):
@@ -63,29 +78,3 @@ def seed(text):
     if not 0 <= value < SEED_LIMIT:
         raise argparse.ArgumentTypeError(f"must be in [0, 2**31), got {value}")
     return value
-
-
-def output_file(text):
-    """argparse type: a file path whose folder exists and that is no folder
-    (a figure written at the end of a run failed there, after all the
-    work)."""
-    folder = os.path.dirname(text) or "."
-    if not os.path.isdir(folder):
-        raise argparse.ArgumentTypeError(f"folder {folder!r} does not exist")
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
-    return text
-
-
-def output_folder(text):
-    """argparse type: a folder path that exists as a folder or can be made
-    (no file in its place or above it): `os.makedirs` at the end of a run
-    failed there, after all the work."""
-    path = os.path.abspath(text)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    if not os.path.isdir(path):
-        raise argparse.ArgumentTypeError(
-            f"{path!r} is a file: no folder can be made at {text!r}"
-        )
-    return text

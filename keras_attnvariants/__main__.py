@@ -4,6 +4,8 @@ import argparse
 import os
 import sys
 
+from keras_attnvariants._argparse_types import folder
+
 # TensorFlow's C++ start-up logs are quieted by `keras_attnvariants._startup`
 # (the package import, which `python -m` runs first, starts TensorFlow).
 
@@ -46,33 +48,6 @@ def positive_int(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
     return value
-
-
-def folder_problem(path):
-    """Why the demo could not create or write `path` as a folder, or `None`.
-
-    The demo writes its outputs and its SavedModel after training, so a file
-    in the way must be caught before the minutes of fine-tuning.
-    """
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        return f"{existing!r} is a file, not a folder"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing!r} is not writable"
-    return None
-
-
-def folder(text):
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must name a folder, got ''")
-    problem = folder_problem(text)
-    if problem:
-        raise argparse.ArgumentTypeError(
-            f"must name a folder, got {text!r}: {problem}"
-        )
-    return text
 
 
 def parse(argv):

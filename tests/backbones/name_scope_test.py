@@ -12,34 +12,15 @@ paths.
 import keras
 import numpy as np
 import pytest
+from conversion_serialization_test import inputs as _inputs
+from conversion_serialization_test import tiny_bert as _bert
 
 import keras_attnvariants as kav
 from keras_attnvariants.backbones import convert_backbone
 from keras_attnvariants.backbones import first_layers
 from keras_attnvariants.backbones.conversion import self_attention_layers
 
-keras_hub = pytest.importorskip("keras_hub")
-
-
-def _bert(num_layers=2):
-    return keras_hub.models.BertBackbone(
-        vocabulary_size=50,
-        num_layers=num_layers,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
-        max_sequence_length=8,
-    )
-
-
-def _inputs():
-    valid = np.arange(6)[None] < np.array([[6], [4]])
-    ids = np.random.default_rng(0).integers(1, 50, (2, 6))
-    return {
-        "token_ids": np.where(valid, ids, 0).astype("int32"),
-        "segment_ids": np.zeros((2, 6), "int32"),
-        "padding_mask": valid.astype("int32"),
-    }
+pytest.importorskip("keras_hub")
 
 
 def _sequence(backbone):
