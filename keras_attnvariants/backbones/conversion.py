@@ -408,12 +408,34 @@ def _replace_self_attention(block, attention_class, attention_kwargs):
     block._tracker.untrack(old)
     block._self_attention_layer = new
     block._tracker.lock()
+    # keras-hub's config of the block does not record the new attention: a
+    # model built on the backbone's own graph (`keras.Model(backbone.input,
+    # backbone.output[...])`) was rebuilt from it with stock MHA on a
+    # `.keras` reload (DNAS silently; HNAS and Gumbel then failed to load
+    # their extra variable). The backbone's own config is the
+    # constructor's, which never asks its blocks.
+    object.__setattr__(
+        block, "get_config", functools.partial(_refuse_block_config, block)
+    )
     # In the old one's place among the block's sublayers: appended last,
     # it moved its variables after the layer norms and the feedforward's in
     # `weights`, and `set_weights(original.get_weights())` failed.
     if place is not None and _tracked_index(block, new) is not None:
         block._layers.remove(new)
         block._layers.insert(place, new)
+
+
+def _refuse_block_config(block):
+    """`get_config` of a block whose self-attention was converted."""
+    raise ValueError(
+        f"The {type(block).__name__} {block.name!r} holds a converted "
+        f"{type(block._self_attention_layer).__name__}, which keras-hub's "
+        "config of the block does not record: a model rebuilt from it "
+        "(`.keras` reload, `Model.from_config`, `clone_model`) would get "
+        "stock attention. Build the model on the converted backbone called "
+        "as a layer, `outputs = backbone(inputs)`, not on `backbone.input` / "
+        "`backbone.output`: its config then holds the conversion."
+    )
 
 
 def _tracked_index(block, layer):
