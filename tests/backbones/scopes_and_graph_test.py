@@ -151,3 +151,28 @@ def test_a_model_on_the_backbones_own_graph_refuses_a_config(
     assert any(
         isinstance(layer, attention) for layer in loaded._flatten_layers()
     )
+
+
+def test_every_weight_kind_is_carried_over():
+    # A fresh keras-hub backbone has zero biases and unit LayerNorm scales,
+    # which a fresh conversion has too: a copy that skipped them passed the
+    # tests of untrained backbones (only the pretrained-checkpoint test,
+    # skipped without it, saw it).
+    original = _bert()
+    rng = np.random.default_rng(0)
+    for variable in original.weights:
+        variable.assign(rng.normal(size=variable.shape).astype("float32") * 0.2)
+    converted = convert_backbone(original, kav.HybridAttention, hybrid_init=0)
+    source = {v.path: np.asarray(v) for v in original.weights}
+    kinds = set()
+    for variable in converted.weights:
+        if variable.path.endswith("hybrid_weight"):
+            continue
+        np.testing.assert_array_equal(
+            np.asarray(variable), source[variable.path]
+        )
+        kinds.add(variable.path.rsplit("/", 1)[-1])
+    assert {"kernel", "bias", "gamma", "beta", "embeddings"} <= kinds, kinds
+    np.testing.assert_allclose(
+        _real(_sequence(converted)), _real(_sequence(original)), atol=1e-5
+    )

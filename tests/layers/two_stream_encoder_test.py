@@ -159,6 +159,19 @@ class TwoStreamEncoderTest(TestCase):
             with self.assertRaisesRegex(ValueError, "`view` must be an int"):
                 encoder(np.ones((1, 4), "int32"), view=bad)
 
+    def test_each_block_draws_from_its_own_seed(self):
+        # One seed for every block made every layer draw the same Gumbel
+        # noise: their samples were perfectly correlated.
+        def seeds(seed):
+            encoder = TwoStreamEncoder(
+                10, 6, 3, d_model=8, num_heads=2, d_ff=16, seed=seed
+            )
+            return [block.seed for block in encoder.blocks]
+
+        self.assertLen(set(seeds(0)), 3)
+        self.assertEqual(seeds(0), seeds(0))
+        self.assertNotEqual(seeds(0), seeds(1))
+
     def test_mask_zero_lets_pooling_skip_padding(self):
         # Without a Keras mask, pooling after the encoder averaged padded
         # positions in, so the pooled output depended on the padding.

@@ -422,6 +422,27 @@ class KQAlignmentTest(TestCase):
                     w.assign(old[i] - lr * grads[i])
             self.assertLess(float(term(q, k, q_mask, k_mask)), base)
 
+    @parameterized.parameters("gan", "ct")
+    def test_reversal_beta_scales_the_adversarys_gradients(self, method):
+        # The value does not depend on `reversal_beta`: a term that ignored
+        # it (full-strength reversed gradients) passed every value test.
+        q, k, q_mask, k_mask = projected(5, shift=1.0)
+        results = {}
+        for beta in (1.0, 0.5):
+            term = KQAlignment(method=method, weight=1.0, reversal_beta=beta)
+            term(q, k, q_mask, k_mask)
+            randomize_weights(term, 3)
+            results[beta] = term_grads(term, q, k, q_mask, k_mask)
+        (g_q, g_k), weights, full = results[1.0]
+        (h_q, h_k), _, half = results[0.5]
+        self.assertAllClose(h_q, g_q, atol=1e-6)
+        self.assertAllClose(h_k, g_k, atol=1e-6)
+        for weight, a, b in zip(weights, full, half):
+            # The navigator (CT) minimizes; its gradient is not reversed.
+            scale = 1.0 if "navigator" in weight.path else 0.5
+            self.assertGreater(np.abs(a).max(), 1e-4)
+            self.assertAllClose(b, scale * a, atol=1e-6, msg=weight.path)
+
     def test_non_saturating_gan_splits_the_two_players_losses(self):
         q, k, q_mask, k_mask = projected(5, shift=1.0)
         term = KQAlignment(method="gan", weight=1.0, gan_loss="non_saturating")
