@@ -422,6 +422,30 @@ class KQAlignmentTest(TestCase):
                     w.assign(old[i] - lr * grads[i])
             self.assertLess(float(term(q, k, q_mask, k_mask)), base)
 
+    @parameterized.parameters("mmd", "ot")
+    def test_over_heads_a_key_mask_alone_drops_padded_positions(self, method):
+        # What a layer with keys-only masks (keras-hub's, without
+        # `self_attention_padding`) gives the term: every test passed the
+        # same mask for queries and keys, so ignoring the key mask (padded
+        # positions counted as groups) went unseen.
+        rng = np.random.default_rng(0)
+        q = rng.normal(size=(2, 5, 3, 4)).astype("float32")
+        k = rng.normal(size=(2, 5, 3, 4)).astype("float32") + 1.0
+        key_mask = np.arange(5)[None] < np.array([5, 3])[:, None]
+        term = KQAlignment(method, 1.0, match_over="heads")
+        got = float(term.compute_loss_value(q, k, None, key_mask))
+        per_position = [
+            float(
+                term.compute_loss_value(
+                    q[b : b + 1, t : t + 1], k[b : b + 1, t : t + 1]
+                )
+            )
+            for b in range(2)
+            for t in range(5)
+            if key_mask[b, t]
+        ]
+        self.assertAllClose(got, np.mean(per_position), rtol=1e-4, atol=1e-6)
+
     @parameterized.parameters("gan", "ct")
     def test_reversal_beta_scales_the_adversarys_gradients(self, method):
         # The value does not depend on `reversal_beta`: a term that ignored
