@@ -103,6 +103,20 @@ def test_pick_strategy_on_this_machine_is_default():
 
 
 @on_tf
+def test_pick_strategy_with_one_cpu_replica_is_mirrored():
+    # Documented: an int >= 1 gives a MirroredStrategy over that many
+    # logical CPUs (replica context, `jit_compile="auto"` as under several);
+    # only None gives the default strategy. No test ran 1 unpatched.
+    import tensorflow as tf
+
+    from keras_attnvariants import distribute
+
+    strategy = distribute.pick_strategy(cpu_replicas=1)
+    assert isinstance(strategy, tf.distribute.MirroredStrategy)
+    assert strategy.num_replicas_in_sync == 1
+
+
+@on_tf
 def test_pick_strategy_named_tpu_that_fails_raises():
     from keras_attnvariants import distribute
 

@@ -126,8 +126,13 @@ def test_exported_encoder_rejects_inputs_longer_than_max_length(tmp_path):
     np.testing.assert_allclose(
         served.serve(tf.constant(ok)).numpy(), model(ok), atol=1e-5
     )
-    with pytest.raises(tf.errors.InvalidArgumentError, match="max_length=6"):
-        served.serve(tf.constant(np.ones((2, 9), "int32")))
+    # The first length over the limit too: an off-by-one check let T=7
+    # through to the position-embedding gather (zero rows on a GPU).
+    for length in (7, 9):
+        with pytest.raises(
+            tf.errors.InvalidArgumentError, match="max_length=6"
+        ):
+            served.serve(tf.constant(np.ones((2, length), "int32")))
 
 
 @pytest.mark.skipif(keras.config.backend() != "jax", reason="JAX's export path")
