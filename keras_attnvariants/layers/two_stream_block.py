@@ -1,7 +1,6 @@
 """`TwoStreamBlock`: one layer of the two-stream transformer."""
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attnvariants.layers.gumbel_discrete_attention import (
@@ -28,6 +27,7 @@ from keras_attnvariants.validation import check_bool
 from keras_attnvariants.validation import check_int
 from keras_attnvariants.validation import check_seed
 from keras_attnvariants.validation import python_scalars
+from keras_attnvariants.validation import static_shape
 
 MODES = ("two_stream", "single_stream")
 MODEL_ATTENTIONS = ("discrete", "soft")
@@ -301,11 +301,10 @@ class TwoStreamBlock(keras.layers.Layer):
 
     def _check_padding_mask(self, padding_mask, x):
         """`ValueError` unless `padding_mask` is `(B, T)` for `x`."""
-        # A nested list (no `.shape`) is taken as it was before this check.
-        if hasattr(padding_mask, "shape"):
-            shape = tuple(padding_mask.shape)
-        else:
-            shape = np.shape(padding_mask)
+        # A nested list (no `.shape`) is checked by its NumPy shape.
+        shape = static_shape(padding_mask)
+        if shape is None:  # an unknown rank
+            return
         lengths = {shape[-1], x.shape[1]} - {None} if shape else set()
         # A batch of 1 broadcasts; another mismatch failed in a backend
         # `BroadcastTo`.

@@ -29,6 +29,7 @@ from keras_attnvariants.validation import check_int
 from keras_attnvariants.validation import check_seed
 from keras_attnvariants.validation import is_int
 from keras_attnvariants.validation import python_scalars
+from keras_attnvariants.validation import static_shape
 
 ATTENTION_PATHS = ("auto", "explicit", "fused")
 # Query (B, T, N, H), key and value (B, S, N, H), scores (B, N, T, S).
@@ -263,24 +264,19 @@ def _check_sizes(num_heads, key_dim, kwargs):
     return num_heads, key_dim
 
 
-def mask_tensor(mask):
-    """`mask` as a tensor where it is a nested list (Keras MHA takes one:
-    it casts its masks), else unchanged; the mask checks read `.shape`."""
-    if mask is None or hasattr(mask, "shape"):
-        return mask
-    return ops.convert_to_tensor(mask)
-
-
 def check_padding_mask(name, mask, tensor):
     """`ValueError` unless `mask` is `(batch, length)` for `tensor`
     `(batch, length, dim)` (a batch of 1 broadcasts); `None` and unknown
     sizes pass. Keras MHA expands such a mask to `(B, T, 1)` or `(B, 1, S)`
     and merges it with the others, so a wrong one was broadcast silently
-    or failed later in a backend op."""
+    or failed later in a backend op. A nested list (Keras MHA casts its
+    masks) is checked by its NumPy shape."""
     if mask is None:
         return
     expected = (tensor.shape[0], tensor.shape[1])
-    shape = tuple(mask.shape)
+    shape = static_shape(mask)
+    if shape is None:  # an unknown rank
+        return
     valid = len(shape) == 2 and (
         None in (shape[0], expected[0]) or shape[0] in (1, expected[0])
     )
@@ -580,9 +576,6 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         # The full MHA signature: Keras fills `*_mask` from input masks only
         # for arguments that `call` names.
         check_attention_inputs(query, value, key)
-        query_mask, value_mask, key_mask, attention_mask = map(
-            mask_tensor, (query_mask, value_mask, key_mask, attention_mask)
-        )
         self._check_call_masks(
             query, value, key, query_mask, value_mask, key_mask, attention_mask
         )
@@ -658,7 +651,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
             value,
             key,
             *(
-                mask_tensor(kwargs.get(name))
+                kwargs.get(name)
                 for name in (
                     "query_mask",
                     "value_mask",
@@ -800,16 +793,18 @@ class VariantAttention(keras.layers.MultiHeadAttention):
         return ops.cast(scores, math_dtype(scores.dtype))
 
     def _check_attention_mask(self, mask, query, key):
-        rank = len(mask.shape)
+        shape = static_shape(mask)
+        if shape is None:  # an unknown rank
+            return
         expected = (query.shape[0], query.shape[1], key.shape[1])
         # Only sizes known as ints are compared: JAX's shape-polymorphic
         # export (`model.export`) traces with symbolic sizes, and `b == a`
         # is False for two symbols that the caller's data will make equal.
-        if rank != 3 or any(
+        if len(shape) != 3 or any(
             isinstance(got, int)
             and isinstance(want, int)
             and got not in (1, want)
-            for got, want in zip(mask.shape, expected)
+            for got, want in zip(shape, expected)
         ):
             raise ValueError(
                 "`attention_mask` must be a rank-3 boolean tensor "
@@ -819,7 +814,7 @@ class VariantAttention(keras.layers.MultiHeadAttention):
                 "`mask[:, None, :]` or `value_mask` (a rank-2 mask is "
                 "refused: Keras MHA reads it as (query_length, key_length), "
                 "which a padding mask also is when batch == query_length). "
-                f"Received: attention_mask with shape {tuple(mask.shape)}"
+                f"Received: attention_mask with shape {shape}"
             )
 
     def _prepare_mask(self, attention_mask, query, key):

@@ -240,6 +240,20 @@ class TwoStreamArgumentsTest(TestCase):
         )
         self.assertEqual(tuple(g2.shape), (2, 3, 4))
 
+    def test_list_padding_mask_acts_as_an_array(self):
+        # A nested list is checked by its NumPy shape, like the masks of
+        # the attention layers, and then used as the array would be.
+        g, h = _x(), _x(seed=1)
+        mask = np.array([[1, 1, 0], [1, 0, 0]], bool)
+        block = TwoStreamBlock(4, 2, 8, seed=0)
+        (_, want), _ = block((g, h), padding_mask=mask)
+        (_, got), _ = block((g, h), padding_mask=mask.tolist())
+        self.assertAllClose(got, want)
+        with self.assertRaisesRegex(
+            ValueError, r"`padding_mask`.*Received: padding_mask.shape=\(2, 2\)"
+        ):
+            block((g, h), padding_mask=mask[:, :2].tolist())
+
     def test_integer_streams_raise(self):
         # They failed in a backend matmul (InvalidArgumentError, ...).
         ids = np.ones((2, 3, 4), "int32")
