@@ -872,6 +872,58 @@ class KeyQueryMMDDiagnosticTest(TestCase):
         self.assertEqual(count, 2.0)
         self.assertAllClose(got, want, atol=1e-5)
 
+    def test_a_key_any_head_attends_stays_in_the_clouds(self):
+        # A `(B, N, T, S)` mask is reduced over heads with `any`: with
+        # `all`, a key masked for one head left every head's cloud.
+        from keras_attnvariants.losses.kq_diagnostics import _per_head_mmd
+
+        q, k, _, _ = projected(14)
+        mask = np.ones((2, 3, 6, 7), bool)
+        mask[:, 0, :, 3] = False
+        got, count = _per_head_mmd(q, k, mask, 1.0)
+        want, _ = _per_head_mmd(q, k, mask.any(1), 1.0)
+        self.assertEqual(count, 2.0)
+        self.assertAllClose(got, want, atol=1e-6)
+        full = np.sum(
+            [
+                [numpy_mmd(q[b, :, n], k[b, :, n]) for n in range(3)]
+                for b in range(2)
+            ],
+            axis=0,
+        )
+        self.assertAllClose(got, full, atol=1e-5)
+
+    def test_a_self_attention_padding_layer_drops_padded_queries(self):
+        # Layers built with `self_attention_padding=True` are counted as
+        # self-attention: a padded query, which such a layer masks, left
+        # the query cloud only through that flag.
+        from keras_attnvariants.layers import DoublyNormalizedAttention
+        from keras_attnvariants.losses.kq_diagnostics import key_query_mmd
+
+        rng = np.random.default_rng(15)
+        x = rng.normal(size=(2, 5, 8)).astype("float32")
+        valid = np.arange(5)[None] < np.array([5, 3])[:, None]
+        inputs = keras.Input((5, 8))
+        mask_in = keras.Input((5,), dtype="bool")
+        layer = DoublyNormalizedAttention(
+            2, 4, self_attention_padding=True, name="att"
+        )
+        out = layer(inputs, inputs, attention_mask=mask_in[:, None, :])
+        model = keras.Model([inputs, mask_in], out)
+        got = key_query_mmd(model, [((x, valid), None)])
+        q, k = (ops.convert_to_numpy(t) for t in kq_projections(layer, x))
+        want = np.mean(
+            [
+                [
+                    numpy_mmd(q[b, valid[b], n], k[b, valid[b], n])
+                    for n in range(2)
+                ]
+                for b in range(2)
+            ],
+            axis=0,
+        )
+        self.assertAllClose(got["per_head"]["att"], want, atol=1e-5)
+
 
 class _FreeClouds(keras.layers.Layer):
     """Query and key clouds as trainable weights, aligned by `term`."""

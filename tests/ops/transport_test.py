@@ -1,3 +1,6 @@
+import os
+from unittest import mock
+
 import keras
 import numpy as np
 from absl.testing import parameterized
@@ -5,7 +8,9 @@ from keras import ops
 from scipy.optimize import linear_sum_assignment
 from scipy.special import logsumexp
 
+from keras_attnvariants.ops import fused_sinkhorn
 from keras_attnvariants.ops import transport
+from keras_attnvariants.testing.gradients import gradients
 from keras_attnvariants.testing.test_case import TestCase
 
 
@@ -436,3 +441,108 @@ class FarFromOriginTest(TestCase):
             keras.config.set_floatx(previous)
         self.assertEqual(keras.backend.standardize_dtype(got.dtype), "float32")
         self.assertAllClose(got, numpy_mmd(x, y), atol=1e-6)
+
+
+# Contracts a mutation sweep found untested (each test fails on the
+# mutation named in its comment).
+class SinkhornContractsTest(TestCase):
+    def test_each_iteration_count_matches_numpy_before_convergence(self):
+        # One iteration too few (or too many) survived: the only exact
+        # count test ran 20 iterations at epsilon 0.05, converged already.
+        x, y = clouds(7, 6, 5)
+        cost = ops.convert_to_numpy(transport.squared_euclidean_cost(x, y))
+        for iterations in (1, 2, 3, 12):
+            got = transport.sinkhorn_plan(cost, 0.01, iterations)
+            want = numpy_sinkhorn(cost.astype("float64"), 0.01, iterations)
+            self.assertAllClose(got, want, atol=1e-5, msg=f"{iterations}")
+
+    def test_negative_costs_are_normalized_by_their_magnitude(self):
+        # The scale is max |cost|: without `abs`, an all-negative cost
+        # (negated similarities) hit the 1e-12 floor and the plan summed
+        # to about 1e19.
+        rng = np.random.default_rng(0)
+        cost = -rng.uniform(0.5, 1.0, (5, 6)).astype("float32")
+        plan = ops.convert_to_numpy(transport.sinkhorn_plan(cost))
+        self.assertAllClose(plan.sum(), 1.0, atol=1e-3)
+        self.assertAllClose(plan.sum(1), np.full(5, 1 / 5), atol=1e-3)
+        self.assertAllClose(plan.sum(0), np.full(6, 1 / 6), atol=1e-3)
+
+    def test_cost_scale_is_a_constant_for_the_gradient(self):
+        # The documented gradient: the plan of `cost / s` with `s` the
+        # (stopped) max |cost|. Without `stop_gradient` the entry holding
+        # the maximum got a gradient through `s` too.
+        rng = np.random.default_rng(1)
+        cost = rng.uniform(size=(4, 5)).astype("float32")
+        upstream = rng.normal(size=(4, 5)).astype("float32")
+        scale = float(np.abs(cost).max())
+
+        def normalized(c):
+            return transport.sinkhorn_plan(c, 0.1, 30)
+
+        def by_hand(c):
+            return transport.sinkhorn_plan(
+                c / scale, 0.1, 30, normalize_cost=False
+            )
+
+        (got,) = gradients(normalized, upstream, cost)
+        (want,) = gradients(by_hand, upstream, cost)
+        self.assertAllClose(got, want, atol=1e-5)
+
+    def test_fused_kernel_flag_ignores_whitespace(self):
+        # A value read from a file ends in a newline.
+        for flag, want in ((" off\n", False), ("0\n", False), (" 1 ", True)):
+            with mock.patch.dict(
+                os.environ, {"KERAS_ATTNVARIANTS_FUSED_SINKHORN": flag}
+            ):
+                self.assertEqual(fused_sinkhorn.enabled(), want, msg=flag)
+
+
+class NonNegativeTest(TestCase):
+    def test_squared_euclidean_cost_of_wide_clouds_is_never_negative(self):
+        # `|x|^2 + |y|^2 - 2 x.y` rounds below 0 on the diagonal (-0.004
+        # for these points without the clamp).
+        x = (30.0 * np.random.default_rng(2).normal(size=(64, 16))).astype(
+            "float32"
+        )
+        cost = ops.convert_to_numpy(transport.squared_euclidean_cost(x, x))
+        self.assertGreaterEqual(cost.min(), 0.0)
+
+    def test_gaussian_mmd_of_near_identical_clouds_is_never_negative(self):
+        for seed in range(20):
+            x = np.random.default_rng(seed).normal(size=(2, 33, 8))
+            x = x.astype("float32")
+            got = ops.convert_to_numpy(transport.gaussian_mmd(x, x + 1e-4))
+            self.assertGreaterEqual(got.min(), 0.0, msg=f"seed {seed}")
+
+
+class GaussianMMDEmptyCloudTest(TestCase):
+    def test_either_empty_cloud_gives_zero(self):
+        # The "present" check read only `x`: an empty `y` gave 0.48.
+        x, y = clouds(3, 4, 5, dim=3, shift=1.0)
+        for kwargs in (
+            {"y_mask": np.zeros(5, bool)},
+            {"x_mask": np.zeros(4, bool)},
+            {"x_mask": np.ones(4, bool), "y_mask": np.zeros(5, bool)},
+        ):
+            got = transport.gaussian_mmd(x, y, **kwargs)
+            self.assertAllClose(got, 0.0, msg=str(kwargs))
+
+
+class LeadingAxesTest(TestCase):
+    def test_clouds_whose_leading_axes_do_not_broadcast_raise(self):
+        # They failed in a backend op (TF's InvalidArgumentError).
+        rng = np.random.default_rng(4)
+        x = rng.normal(size=(2, 5, 3)).astype("float32")
+        y = rng.normal(size=(3, 4, 3)).astype("float32")
+        for fn in (
+            transport.gaussian_mmd,
+            transport.squared_euclidean_cost,
+            transport.cosine_cost,
+        ):
+            with self.assertRaisesRegex(
+                ValueError, r"leading axes.*Received: y with shape \(3, 4, 3\)"
+            ):
+                fn(x, y)
+        # Broadcasting leading axes still work.
+        got = transport.squared_euclidean_cost(x, y[:1])
+        self.assertEqual(tuple(got.shape), (2, 5, 4))
