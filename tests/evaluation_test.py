@@ -163,3 +163,28 @@ def test_metrics_take_pytorch_tensors_that_need_gradients():
         got["tau"],
         interpretability.kendall_tau(scores, scores**2 - scores, mask=mask),
     )
+
+
+# Contracts a mutation sweep found untested.
+def test_ece_counts_a_confidence_of_exactly_one_in_the_last_bin():
+    # A confident mistake at 1.0 fell one past the last bin (unclipped)
+    # and vanished: 0.15 instead of 0.65.
+    probs = np.array([[0.0, 1.0], [0.7, 0.3]])
+    assert evaluation.expected_calibration_error(
+        probs, np.array([0, 0])
+    ) == pytest.approx(0.65)
+    # And a one-hot prediction (probability exactly 1) is accepted.
+    assert evaluation.expected_calibration_error(
+        np.array([[0.0, 1.0]]), np.array([1])
+    ) == pytest.approx(0.0)
+
+
+def test_explained_away_needs_a_total_strictly_below_epsilon():
+    # Paper Def. 1: a key is explained away when its total is < epsilon.
+    weights = np.array([[[[0.75, 0.25], [1.0, 0.0]]]])
+    assert evaluation.explained_away_fraction(
+        weights, epsilon=0.25
+    ) == pytest.approx(0.0)
+    assert evaluation.explained_away_fraction(
+        weights, epsilon=0.2501
+    ) == pytest.approx(0.5)

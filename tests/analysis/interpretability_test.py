@@ -55,6 +55,12 @@ def test_gradient_importance_of_a_linear_model():
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+def test_gradient_importance_refuses_embeddings_without_a_token_axis():
+    # `(B, D)` embeddings returned a `(B,)` array without the check.
+    with pytest.raises(ValueError, match="`embeddings` must be"):
+        interp.gradient_importance(lambda e: e * 2.0, np.ones((2, 3)))
+
+
 def test_gradient_importance_through_a_keras_model():
     # Every backend (it was TensorFlow only): a model with attention, its
     # gradients against central finite differences of the top logit.

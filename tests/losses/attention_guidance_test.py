@@ -357,6 +357,27 @@ class AttentionGuidanceRegularizerTest(TestCase):
             default_head_patterns(3, fraction=1.0),
             {0: "next", 1: "prev", 2: "first"},
         )
+        # At least one head is guided, and a fraction above 1 (more heads
+        # than the attention has) is refused.
+        self.assertEqual(default_head_patterns(4, fraction=0.1), {0: "next"})
+        with self.assertRaisesRegex(ValueError, "`fraction`.*1.5"):
+            default_head_patterns(4, fraction=1.5)
+
+    def test_bias_form_checks_heads_and_keeps_edge_rows(self):
+        # A mutation sweep: a head beyond `num_heads` gave an all-zero
+        # bias without the check, and `edge_rows` was not passed on.
+        with self.assertRaisesRegex(ValueError, "guides head 3.*2 heads"):
+            guidance_attention_bias({3: "next"}, 2, np.ones((1, 4), bool))
+        mask = np.ones((1, 3), bool)
+        zero = ops.convert_to_numpy(
+            guidance_attention_bias({0: "next"}, 1, mask, edge_rows="zero")
+        )
+        uniform = ops.convert_to_numpy(
+            guidance_attention_bias({0: "next"}, 1, mask)
+        )
+        self.assertAllClose(zero[0, 0, -1], np.zeros(3))
+        self.assertAllClose(uniform[0, 0, -1], np.full(3, 1 / 3))
+        self.assertAllClose(zero[0, 0, :2], uniform[0, 0, :2])
 
     def test_bias_form_pulls_heads_to_patterns(self):
         bias = guidance_attention_bias(

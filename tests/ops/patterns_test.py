@@ -199,3 +199,16 @@ def numpy_pattern(name, mask, ids, wanted, edge_rows):
                 row = valid / valid.sum()
             out[b, p] = row
     return out
+
+
+class TokenIdsBatchTest(TestCase):
+    # A mutation sweep: a `(1, T)` padding mask with `(B, T)` ids was
+    # refused when the batch-of-one rule read the ids' batch only.
+    def test_a_padding_mask_of_one_row_broadcasts_over_batched_ids(self):
+        ids = np.array([[7, 0, 0, 0], [0, 0, 7, 0]], "int32")
+        got = ops.convert_to_numpy(
+            guidance_pattern("delimiter", np.ones((1, 4), bool), ids, 7)
+        )
+        self.assertEqual(got.shape, (2, 4, 4))
+        self.assertAllClose(got[0, 1], [1.0, 0.0, 0.0, 0.0])
+        self.assertAllClose(got[1, 1], [0.0, 0.0, 1.0, 0.0])
