@@ -398,9 +398,11 @@ def argmax_indices(logits):
     JAX's jit the two passes measured faster at S=128 but slower at 512,
     so JAX and PyTorch keep `keras.ops.argmax`.
     """
+    if logits.shape[-1] == 0:
+        # No key: JAX and PyTorch raise, TensorFlow's path gave -1; index 0
+        # on every backend (`one_hot_at` of size 0 is empty anyway).
+        return ops.zeros(ops.shape(logits)[:-1], "int32")
     if keras.backend.backend() != "tensorflow":
-        if logits.shape[-1] == 0:  # no key: JAX and PyTorch raise
-            return ops.zeros(ops.shape(logits)[:-1], "int32")
         return ops.cast(ops.argmax(logits, axis=-1), "int32")
     size = ops.shape(logits)[-1]
     top = row_max(logits)

@@ -219,3 +219,53 @@ class TemperatureScheduleTest(TestCase):
             [TemperatureSchedule()], model=model
         )
         self.assertEqual(with_schedule._async_train, without._async_train)
+
+
+class ScheduleContractsTest(TestCase):
+    # Contracts a mutation sweep found untested.
+    def test_default_epoch_unit_anneals_once_per_epoch_in_fit(self):
+        model = small_model()
+        x = np.random.default_rng(1).normal(size=(2, 4, 3)).astype("float32")
+        schedule = TemperatureSchedule(
+            "exponential", initial=1.0, rate=0.5, floor=0.1
+        )
+        model.fit(x, x, batch_size=1, epochs=3, verbose=0, callbacks=[schedule])
+        self.assertAllClose(schedule.history, [1.0, 0.5, 0.25])
+        for layer in gumbel_layers(model):
+            self.assertAllClose(ops.convert_to_numpy(layer.temperature), 0.25)
+
+    def test_linear_schedule_stays_at_final_after_its_steps(self):
+        # Above the floor: the floor hid a ramp that went on past `final`.
+        cool = TemperatureSchedule(
+            "linear", initial=1.0, final=0.5, steps=2, floor=0.1
+        )
+        self.assertAllClose(
+            [cool.value(t) for t in range(6)], [1.0, 0.75, 0.5, 0.5, 0.5, 0.5]
+        )
+        heat = TemperatureSchedule("linear", initial=0.5, final=1.0, steps=2)
+        self.assertAllClose(heat.value(100), 1.0)
+
+    def test_heating_from_an_initial_above_one_stays_finite(self):
+        # The cap on the exponent accounts for `initial`.
+        heat = TemperatureSchedule("exponential", initial=2.0, rate=10.0)
+        self.assertTrue(np.isfinite(np.float32(heat.value(1000))))
+
+    def test_ceiling_equal_to_floor_is_a_constant(self):
+        pinned = TemperatureSchedule(
+            "exponential", initial=2.0, rate=0.5, floor=0.5, ceiling=0.5
+        )
+        self.assertEqual([pinned.value(t) for t in (0, 1, 9)], [0.5] * 3)
+
+    def test_batch_count_never_moves_back_when_hooks_finish_late(self):
+        # Keras may run `on_train_batch_end` on a worker thread; a late
+        # call for an earlier batch must not lower the count.
+        schedule = TemperatureSchedule(
+            "exponential", initial=1.0, rate=0.5, floor=1e-3, unit="batch"
+        )
+        schedule.set_params({"steps": None})
+        schedule.on_epoch_begin(0)
+        schedule.on_train_batch_end(5)
+        schedule.on_train_batch_end(2)
+        self.assertEqual(schedule._batches_done, 6)
+        schedule.on_epoch_begin(1)
+        self.assertEqual(schedule._epoch_start, 6)

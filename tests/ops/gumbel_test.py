@@ -293,3 +293,48 @@ class GumbelOpsTest(TestCase):
         got = gumbel.relaxed_sample(scores, 0.0, np.float32(2.0), mask)
         want = np_relaxed(scores, 0.0, 2.0, mask)
         self.assertAllClose(got, want, atol=1e-6)
+
+
+class GumbelContractsTest(TestCase):
+    # Contracts a mutation sweep found untested.
+    def test_straight_through_picks_the_best_valid_key_of_raw_logits(self):
+        # The masked key holds the largest raw logit.
+        logits = np.array([[5.0, 1.0, 0.0]], "float32")
+        mask = np.array([[False, True, True]])
+        soft = np.array([[0.0, 0.7, 0.3]], "float32")
+        got = gumbel.straight_through(soft, mask, logits=logits)
+        self.assertAllClose(got, [[0.0, 1.0, 0.0]])
+
+    def test_a_clamped_valid_score_still_beats_the_mask_fill(self):
+        # A score at -LOGIT_BOUND must stay above the masked entries' fill,
+        # or the row shared its weight with a masked key (summing to 0.5).
+        got = gumbel.relaxed_sample(
+            np.array([[-1e12, 5.0]], "float32"),
+            0.0,
+            1.0,
+            mask=np.array([[True, False]]),
+        )
+        self.assertAllClose(got, [[1.0, 0.0]])
+
+    def test_argmax_of_an_empty_key_axis_is_empty(self):
+        scores = np.zeros((1, 2, 3, 0), "float32")
+        got = gumbel.one_hot_argmax(scores)
+        self.assertEqual(tuple(got.shape), (1, 2, 3, 0))
+        # Index 0 on every backend (TensorFlow's path gave -1).
+        self.assertAllEqual(
+            gumbel.argmax_indices(scores), np.zeros((1, 2, 3), "int32")
+        )
+
+    def test_a_vector_key_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "`key` must be an int"):
+            gumbel.positional_uniform(
+                ops.convert_to_tensor(np.array([1, 2], "int32")), (2, 3)
+            )
+
+    def test_row_valid_of_another_rank_is_refused(self):
+        value = np.zeros((2, 6, 3, 4), "float32")
+        indices = np.zeros((2, 3, 6), "int32")
+        with self.assertRaisesRegex(ValueError, "`row_valid` must be"):
+            gumbel.gather_values(
+                value, indices, row_valid=np.ones((2, 3, 6, 1), bool)
+            )

@@ -128,3 +128,39 @@ class ReceptiveFieldTest(TestCase):
             rf.receptive_field_union_size(ops.cast(fields, "float32")),
             valid.sum(1),
         )
+
+
+class FieldContractsTest(TestCase):
+    # Contracts a mutation sweep found untested: fields from
+    # `receptive_fields` (diagonal 1, zero padded rows) hid them.
+    def test_union_size_counts_columns_reached_by_any_row(self):
+        fields = np.array([[[1.0, 1.0], [0.0, 0.0]]], "float32")
+        self.assertAllClose(rf.receptive_field_union_size(fields), [2.0])
+
+    def test_mean_size_leaves_out_padded_rows(self):
+        fields = np.ones((2, 3, 3), "float32")
+        mask = np.array([[1, 1, 0], [0, 0, 0]], bool)
+        got = ops.convert_to_numpy(rf.receptive_field_mean_size(fields, mask))
+        # A fully padded example has size 0, not NaN.
+        self.assertAllClose(got, [3.0, 0.0])
+
+    def test_hard_fields_keep_only_entries_above_one_half(self):
+        near_one_hot = np.array([[[0.9, 0.1], [0.0, 1.0]]], "float32")
+        got = ops.convert_to_numpy(rf.hard_receptive_fields([near_one_hot]))
+        self.assertAllEqual(got, [[[True, False], [False, True]]])
+
+    def test_precision_and_recall_are_zero_where_undefined(self):
+        predicted = np.eye(2, dtype=bool)[None]
+        precision, recall = rf.precision_recall(
+            predicted, np.zeros((1, 2, 2), bool)
+        )
+        self.assertAllClose([precision, recall], [0.0, 0.0])
+        precision, recall = rf.precision_recall(
+            np.zeros((1, 2, 2), bool), predicted
+        )
+        self.assertAllClose([precision, recall], [0.0, 0.0])
+
+    def test_a_single_token_takes_a_rank_2_mask(self):
+        ones = np.ones((1, 1, 1), bool)
+        got = rf.precision_recall(ones, ones, mask=np.ones((1, 1), bool))
+        self.assertAllClose(got, [1.0, 1.0])
