@@ -301,3 +301,34 @@ class AttentionLossesTest(TestCase):
         after = hybrid_weights(backbone)
         self.assertGreater(np.abs(after - before).max(), 0.0)
         self.assertTrue(np.all((after >= 0.0) & (after <= 1.0)))
+
+
+class AttentionWeightsContractsTest(TestCase):
+    # Contracts a mutation sweep found untested.
+    def test_training_flag_reaches_the_attention(self):
+        backbone = convert_backbone(
+            bert(1), kav.GumbelDiscreteAttention, seed=3, temperature=1.0
+        )
+        data = inputs()
+        hard = attention_weights(backbone, data)[0]
+        relaxed = attention_weights(backbone, data, training=True)[0]
+        # Inference: one-hot rows for the real queries; training: relaxed
+        # samples, not one-hot (padded queries' rows are 0 in both).
+        rows = np.broadcast_to(
+            data["padding_mask"].astype("float32")[:, None], hard.shape[:-1]
+        )
+        self.assertAllEqual(hard.max(-1), rows)
+        self.assertAllEqual(hard.sum(-1), rows)
+        self.assertAllClose(relaxed.sum(-1), rows)
+        self.assertLess(relaxed.max(), 1.0)
+
+    def test_weights_are_float32_under_mixed_precision(self):
+        previous = keras.config.dtype_policy()
+        keras.config.set_dtype_policy("mixed_float16")
+        try:
+            backbone = bert(1)
+            weights = attention_weights(backbone, inputs())
+        finally:
+            keras.config.set_dtype_policy(previous)
+        self.assertEqual(weights[0].dtype, np.float32)
+        self.assertAllClose(weights[0].sum(-1), np.ones((2, 2, 6)), atol=1e-2)

@@ -52,3 +52,31 @@ class RecordAttentionTest(TestCase):
             with record_attention([layer], with_weights="false"):
                 pass
         self.assertNotIn("_compute_attention", vars(layer))
+
+
+class RecordingContractsTest(TestCase):
+    # Contracts a mutation sweep found untested.
+    def test_a_layer_listed_twice_is_wrapped_once(self):
+        layer = mha()
+        with record_attention([layer, layer]) as calls:
+            layer(X, X)
+        self.assertLen(calls, 1)
+        self.assertNotIn("_compute_attention", vars(layer))
+
+    def test_a_mask_and_the_causal_mask_are_recorded_together(self):
+        from keras_attnvariants.layers.doubly_normalized_attention import (
+            DoublyNormalizedAttention,
+        )
+
+        layer = DoublyNormalizedAttention(2, 4)
+        x = np.random.default_rng(0).normal(size=(1, 3, 8)).astype("float32")
+        layer(x, x)
+        q = layer._query_dense(x)
+        k = layer._key_dense(x)
+        v = layer._value_dense(x)
+        padding = np.array([[[True, True, False]] * 3])
+        with record_attention([layer]) as calls:
+            layer._compute_attention(q, k, v, padding, use_causal_mask=True)
+        mask = keras.ops.convert_to_numpy(calls[0].attention_mask)
+        want = padding & np.tril(np.ones((3, 3), bool))[None]
+        self.assertAllEqual(np.broadcast_to(mask, (1, 3, 3)), want)
