@@ -8,6 +8,7 @@ from keras import ops
 from keras_attnvariants import ops as kav_ops
 from keras_attnvariants.datasets.toy import self_attention_steps
 from keras_attnvariants.datasets.toy import two_gaussian_clusters
+from keras_attnvariants.ops import normalization
 from keras_attnvariants.testing import numpy_reference as ref
 from keras_attnvariants.testing.test_case import TestCase
 
@@ -207,3 +208,45 @@ def test_theorem_2_every_valid_key_gets_at_least_one_over_s(t, s, seed, scale):
         rows = mask[:, j]
         s_valid = mask[rows].any(0).sum()
         assert weights[:, j].sum() >= 1.0 / s_valid - 1e-5
+
+
+class NormalizationContractsTest(TestCase):
+    # Contracts a mutation sweep found untested.
+    def test_scores_without_a_query_axis_are_refused(self):
+        for name, fn in (
+            ("masked_softmax", normalization.masked_softmax),
+            ("doubly_normalize", normalization.doubly_normalize),
+            (
+                "hybrid_normalize",
+                lambda s: normalization.hybrid_normalize(s, 0.5),
+            ),
+            ("doubly_normalized_bias", normalization.doubly_normalized_bias),
+        ):
+            with self.assertRaisesRegex(
+                ValueError,
+                r"`scores` must have shape \(\.\.\., T, S\)",
+                msg=name,
+            ):
+                fn(np.ones(3, "float32"))
+
+    def test_a_boolean_mix_array_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "`mix` must hold floats"):
+            normalization.hybrid_normalize(
+                np.zeros((2, 3, 3), "float32"),
+                np.array([True, False]).reshape(2, 1, 1),
+            )
+
+    def test_dnas_bias_is_zero_for_keys_no_query_may_attend(self):
+        # Added to scores that carry a -1e9 mask, a +1e9 bias would bring
+        # a padded key back.
+        scores = np.random.default_rng(0).normal(size=(3, 4)).astype("float32")
+        mask = np.ones((3, 4), bool)
+        mask[:, 2] = False
+        bias = ops.convert_to_numpy(
+            normalization.doubly_normalized_bias(scores, mask)
+        )
+        self.assertEqual(bias.shape, (1, 4))
+        self.assertAllEqual(bias[..., 2], [0.0])
+        self.assertTrue(np.all(np.isfinite(bias)))
+        want = -np.log(np.exp(scores[:, [0, 1, 3]]).sum(0))
+        self.assertAllClose(bias[0, [0, 1, 3]], want, atol=1e-5)
