@@ -596,6 +596,10 @@ class KQAlignmentTest(TestCase):
         with self.assertWarnsRegex(UserWarning, "epsilon=1e-06"):
             term = KQAlignment.from_config(config)
         self.assertEqual(term.epsilon, 1e-6)
+        config["epsilon"] = 5e-7  # just below the floor too
+        with self.assertWarnsRegex(UserWarning, "epsilon=1e-06"):
+            term = KQAlignment.from_config(config)
+        self.assertEqual(term.epsilon, 1e-6)
 
     @parameterized.parameters("mmd", "ot", "ct")
     def test_head_sum_is_the_heads_times_the_mean(self, method):
@@ -1033,3 +1037,85 @@ class AlignmentTrainingTest(TestCase):
         after = clouds.mmd()
         self.assertGreater(before, 0.5)
         self.assertLess(after, before / 5, f"{method}: {before} -> {after}")
+
+
+class KQAlignmentContractsTest(TestCase):
+    # Contracts a mutation sweep found untested.
+    def test_cross_attention_projections_build_the_value_from_the_key(self):
+        mha = keras.layers.MultiHeadAttention(2, 4)
+        rng = np.random.default_rng(0)
+        q = rng.normal(size=(2, 5, 8)).astype("float32")
+        kv = rng.normal(size=(2, 6, 12)).astype("float32")
+        query, key = kq_projections(mha, q, kv)
+        self.assertEqual(tuple(query.shape), (2, 5, 2, 4))
+        self.assertEqual(tuple(key.shape), (2, 6, 2, 4))
+        self.assertEqual(tuple(mha(q, kv).shape), (2, 5, 8))
+
+    def test_projections_refuse_rank_4_inputs(self):
+        with self.assertRaisesRegex(
+            ValueError, r"`query` must be \(batch, length, dim\)"
+        ):
+            kq_projections(
+                keras.layers.MultiHeadAttention(2, 2), np.ones((2, 3, 4, 5))
+            )
+
+    @parameterized.parameters(*METHODS)
+    def test_an_example_without_real_queries_or_keys_adds_nothing(self, method):
+        q, k, _, _ = projected(21, shift=1.0)
+        term = KQAlignment(method, weight=1.0)
+        alone = term(q[:1], k[:1])
+        for q_mask, k_mask in (
+            (np.array([[True] * 6, [False] * 6]), None),
+            (None, np.array([[True] * 7, [False] * 7])),
+        ):
+            got = term(q, k, query_mask=q_mask, key_mask=k_mask)
+            self.assertAllClose(got, alone, atol=1e-5)
+
+    @parameterized.parameters(
+        *[(m, r) for m in METHODS for r in ("mean", "sum")]
+    )
+    def test_a_batch_of_padding_only_gives_zero(self, method, reduction):
+        q, k, _, _ = projected(22)
+        term = KQAlignment(method, weight=1.0, head_reduction=reduction)
+        got = term(q, k, query_mask=np.zeros((2, 6), bool))
+        self.assertAllClose(got, 0.0)
+
+    def test_heads_matching_refuses_cross_attention(self):
+        with self.assertRaisesRegex(ValueError, "needs self-attention"):
+            KQAlignment("mmd", match_over="heads")(
+                np.ones((2, 6, 3, 4), "float32"),
+                np.ones((2, 7, 3, 4), "float32"),
+            )
+
+    @parameterized.parameters("gan", "ct")
+    def test_a_per_head_adversary_refuses_another_head_count(self, method):
+        q, k, _, _ = projected(23)
+        term = KQAlignment(method, adversary_per_head=True)
+        term(q, k)
+        with self.assertRaisesRegex(ValueError, "built for 3 heads"):
+            term(q[:, :, :2], k[:, :, :2])
+
+    def test_a_one_row_mask_is_refused_for_an_unknown_batch(self):
+        with self.assertRaisesRegex(ValueError, "query_mask"):
+            KQAlignment("mmd")(
+                keras.Input((6, 3, 4)),
+                keras.Input((7, 3, 4)),
+                query_mask=keras.Input((6,), batch_size=1, dtype="bool"),
+            )
+
+    def test_ot_does_not_move_with_padding_far_from_the_origin(self):
+        rng = np.random.default_rng(24)
+        q = (100.0 + 0.05 * rng.normal(size=(1, 4, 1, 8))).astype("float32")
+        k = (q + 0.02).astype("float32")
+        term = KQAlignment("ot", weight=1.0, epsilon=0.05, iterations=50)
+        plain = term(q, k)
+        padded = np.concatenate([q, np.zeros((1, 60, 1, 8), "float32")], 1)
+        mask = np.arange(64)[None] < 4
+        got = term(padded, k, query_mask=mask)
+        self.assertAllClose(got, plain, rtol=1e-4, atol=0)
+
+    def test_a_weight_of_zero_switches_the_term_off(self):
+        q, k, _, _ = projected(25, shift=1.0)
+        term = KQAlignment("mmd", weight=0.0)
+        self.assertEqual(term.weight, 0.0)
+        self.assertAllClose(term(q, k), 0.0)
