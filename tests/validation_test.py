@@ -119,3 +119,89 @@ def test_python_scalars_converts_only_the_named_numpy_scalars():
     assert type(kwargs["view"]) is np.int64  # the caller's dict unchanged
     untouched = {"view": 2}
     assert python_scalars(untouched, ("view",)) is untouched
+
+
+# Contracts a mutation sweep found untested.
+def test_check_float_rejects_minus_infinity_without_a_lower_bound():
+    with pytest.raises(ValueError, match="finite float"):
+        check_float("x", float("-inf"), low=None)
+
+
+def test_layer_seed_wraps_into_the_seed_range():
+    from keras_attnvariants.validation import SEED_LIMIT
+    from keras_attnvariants.validation import layer_seed
+
+    assert layer_seed(SEED_LIMIT - 1, 1) == 0
+    assert layer_seed(5, 2) == 7
+    assert layer_seed(None, 3) is None
+
+
+def test_a_string_is_no_list_of_attention_losses():
+    from keras_attnvariants.validation import check_attention_losses
+
+    with pytest.raises(ValueError, match="`attention_losses` must be a list"):
+        check_attention_losses("ab")
+    check_attention_losses(())
+
+
+def test_check_unit_float_includes_both_ends():
+    from keras_attnvariants.validation import check_unit_float
+
+    assert check_unit_float("mix", 1.0) == 1.0
+    assert check_unit_float("mix", np.float32(0.0)) == 0.0
+    for bad in (1.0001, -0.1, float("nan"), True):
+        with pytest.raises(
+            ValueError, match=r"`mix` must be a float in \[0, 1\]"
+        ):
+            check_unit_float("mix", bad)
+
+
+def test_check_broadcastable_and_check_rank():
+    from keras_attnvariants.validation import check_broadcastable
+    from keras_attnvariants.validation import check_rank
+
+    with pytest.raises(ValueError, match="`m` must be broadcastable"):
+        check_broadcastable("m", (1, 1, 1), (1, 1), "`t`")
+    check_broadcastable("m", (1, None), (4, 3), "`t`")
+    with pytest.raises(ValueError, match=r"`x` must have shape \(B, T, S\)"):
+        check_rank("x", (2, 3), (3, 4), "(B, T, S)")
+    check_rank("x", None, (3,), "(B, T, S)")
+
+
+def test_same_size_and_static_shape():
+    from keras_attnvariants.validation import _static_dim
+    from keras_attnvariants.validation import same_size
+    from keras_attnvariants.validation import static_shape
+
+    assert same_size(3, None) and same_size(None, 3) and same_size(3, 3)
+    assert not same_size(3, 4)
+    assert _static_dim(True) is None
+    assert static_shape([[1, 2], [3]]) is None  # ragged
+    assert static_shape([[1, 2], [3, 4]]) == (2, 2)
+
+
+@pytest.mark.parametrize("shape", [(-1, 2), (True, 2), (2.0, 3), (None,), 3])
+def test_check_shape_rejects(shape):
+    from keras_attnvariants.validation import check_shape
+
+    with pytest.raises(ValueError, match="`s` must be a tuple of ints >= 0"):
+        check_shape("s", shape)
+
+
+def test_check_integer_dtype_rejects_booleans():
+    from keras_attnvariants.validation import check_integer_dtype
+
+    with pytest.raises(ValueError, match="`ids` must be integer ids"):
+        check_integer_dtype("ids", np.zeros(2, bool), "ids")
+    check_integer_dtype("ids", np.zeros(2, "uint8"), "ids")
+
+
+def test_numpy_scalars_are_python_values_and_only_named_ones_convert():
+    from keras_attnvariants.validation import is_python_value
+
+    # NumPy's floats and ints are `numbers` already; its bools are not.
+    assert is_python_value(np.float32(1)) and is_python_value(None)
+    assert is_python_value(np.bool_(True))
+    assert not is_python_value(np.ones(2))
+    got = python_scalars({"a": np.int64(1), "b": np.int64(2)}, ("a",))
+    assert type(got["a"]) is int and type(got["b"]) is np.int64

@@ -145,3 +145,46 @@ class GumbelPaddingTest(TestCase):
                     layer_base[b, :, :length, :length],
                     atol=1e-6,
                 )
+
+
+class GumbelContractsTest(TestCase):
+    # Contracts a mutation sweep found untested.
+    @parameterized.parameters("argmax", "sample")
+    def test_a_query_without_a_valid_key_gets_a_zero_context(self, mode):
+        # The gather read value row 0 for it: a padded query leaked a
+        # value into the output (and a pooling after it).
+        x = np.random.default_rng(0).normal(size=(1, 3, 8)).astype("float32")
+        mask = np.ones((1, 3, 3), bool)
+        mask[0, 1] = False
+        layer = GumbelDiscreteAttention(
+            2, 4, use_bias=False, inference_mode=mode, seed=1
+        )
+        out, weights = layer(
+            x, x, attention_mask=mask, return_attention_scores=True
+        )
+        kernel = ops.convert_to_numpy(layer._output_dense.kernel)
+        self.assertAllEqual(ops.convert_to_numpy(weights)[0, :, 1], 0.0)
+        # Without biases a zero context projects to zero.
+        self.assertAllEqual(ops.convert_to_numpy(out)[0, 1], np.zeros(8))
+        self.assertGreater(np.abs(kernel).sum(), 0.0)
+        self.assertGreater(np.abs(ops.convert_to_numpy(out)[0, 0]).sum(), 0.0)
+
+    def test_numpy_temperature_gives_a_json_config(self):
+        import json
+
+        config = GumbelDiscreteAttention(
+            2, 4, temperature=np.float32(0.5)
+        ).get_config()
+        self.assertIs(type(config["temperature"]), float)
+        json.dumps(config)
+
+    def test_noise_seeds_stay_distinct_at_the_ends_of_the_range(self):
+        from keras_attnvariants.layers.gumbel_discrete_attention import (
+            noise_seed,
+        )
+
+        top = 2**31 - 1
+        self.assertNotEqual(noise_seed(0), noise_seed(top))
+        self.assertTrue(0 <= noise_seed(top) < 2**31)
+        seeds = list(range(0, 2**31, 2**31 // 997)) + [top]
+        self.assertLen({noise_seed(s) for s in seeds}, len(set(seeds)))

@@ -414,3 +414,30 @@ class TwoStreamBlockTest(TestCase):
         (g_eager, h_eager), z_eager = block((g, h))
         for got, want in zip(model([g, h]), (g_eager, h_eager, z_eager)):
             self.assertAllClose(got, want, atol=1e-6)
+
+
+class PaddedRowsTest(TestCase):
+    # Contracts a mutation sweep found untested: a padded query has no
+    # valid key, so its attention row is all zeros and it reads nothing.
+    def test_padded_queries_pick_no_key_and_read_no_real_token(self):
+        g, h, valid = streams(3)
+        block = TwoStreamBlock(8, 2, 16, seed=1)
+        for training in (False, True):
+            (_, h_out), z = block((g, h), padding_mask=valid, training=training)
+            z = ops.convert_to_numpy(z)
+            rows = np.broadcast_to(valid[:, None, :], z.shape[:-1])
+            self.assertAllEqual(z[~rows], 0.0)
+            self.assertAllClose(z.sum(-1)[rows], np.ones(rows.sum()))
+        # The model stream at padded positions does not depend on the
+        # real tokens' model values (it gathered a real row without the
+        # guard).
+        changed = h.copy()
+        changed[valid] += 5.0
+        (_, h_a), _ = block((g, h), padding_mask=valid)
+        (_, h_b), _ = block((g, changed), padding_mask=valid)
+        padded = ~valid
+        self.assertAllClose(
+            ops.convert_to_numpy(h_a)[padded],
+            ops.convert_to_numpy(h_b)[padded],
+            atol=1e-5,
+        )
