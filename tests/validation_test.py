@@ -7,11 +7,23 @@ import numpy as np
 import pytest
 
 import keras_attnvariants as kav
+from keras_attnvariants.validation import SEED_LIMIT
+from keras_attnvariants.validation import _static_dim
+from keras_attnvariants.validation import check_attention_losses
 from keras_attnvariants.validation import check_bool
+from keras_attnvariants.validation import check_broadcastable
 from keras_attnvariants.validation import check_float
 from keras_attnvariants.validation import check_int
+from keras_attnvariants.validation import check_integer_dtype
+from keras_attnvariants.validation import check_rank
 from keras_attnvariants.validation import check_seed
+from keras_attnvariants.validation import check_shape
+from keras_attnvariants.validation import check_unit_float
+from keras_attnvariants.validation import is_python_value
+from keras_attnvariants.validation import layer_seed
 from keras_attnvariants.validation import python_scalars
+from keras_attnvariants.validation import same_size
+from keras_attnvariants.validation import static_shape
 
 
 def test_check_int_accepts_numpy_ints_and_returns_python_ints():
@@ -111,8 +123,14 @@ def test_check_bool_rejects_non_bools(value):
 
 
 def test_python_scalars_converts_only_the_named_numpy_scalars():
-    kwargs = {"view": np.int64(1), "flag": np.bool_(True), "x": np.ones(2)}
+    kwargs = {
+        "view": np.int64(1),
+        "flag": np.bool_(True),
+        "x": np.ones(2),
+        "other": np.int64(2),
+    }
     converted = python_scalars(kwargs, ("view", "flag"))
+    assert type(converted["other"]) is np.int64  # not named: unchanged
     assert type(converted["view"]) is int and converted["view"] == 1
     assert converted["flag"] is True
     assert converted["x"] is kwargs["x"]  # arrays stay (Keras's inputs)
@@ -128,25 +146,18 @@ def test_check_float_rejects_minus_infinity_without_a_lower_bound():
 
 
 def test_layer_seed_wraps_into_the_seed_range():
-    from keras_attnvariants.validation import SEED_LIMIT
-    from keras_attnvariants.validation import layer_seed
-
     assert layer_seed(SEED_LIMIT - 1, 1) == 0
     assert layer_seed(5, 2) == 7
     assert layer_seed(None, 3) is None
 
 
 def test_a_string_is_no_list_of_attention_losses():
-    from keras_attnvariants.validation import check_attention_losses
-
     with pytest.raises(ValueError, match="`attention_losses` must be a list"):
         check_attention_losses("ab")
     check_attention_losses(())
 
 
 def test_check_unit_float_includes_both_ends():
-    from keras_attnvariants.validation import check_unit_float
-
     assert check_unit_float("mix", 1.0) == 1.0
     assert check_unit_float("mix", np.float32(0.0)) == 0.0
     for bad in (1.0001, -0.1, float("nan"), True):
@@ -157,9 +168,6 @@ def test_check_unit_float_includes_both_ends():
 
 
 def test_check_broadcastable_and_check_rank():
-    from keras_attnvariants.validation import check_broadcastable
-    from keras_attnvariants.validation import check_rank
-
     with pytest.raises(ValueError, match="`m` must be broadcastable"):
         check_broadcastable("m", (1, 1, 1), (1, 1), "`t`")
     check_broadcastable("m", (1, None), (4, 3), "`t`")
@@ -169,10 +177,6 @@ def test_check_broadcastable_and_check_rank():
 
 
 def test_same_size_and_static_shape():
-    from keras_attnvariants.validation import _static_dim
-    from keras_attnvariants.validation import same_size
-    from keras_attnvariants.validation import static_shape
-
     assert same_size(3, None) and same_size(None, 3) and same_size(3, 3)
     assert not same_size(3, 4)
     assert _static_dim(True) is None
@@ -182,26 +186,18 @@ def test_same_size_and_static_shape():
 
 @pytest.mark.parametrize("shape", [(-1, 2), (True, 2), (2.0, 3), (None,), 3])
 def test_check_shape_rejects(shape):
-    from keras_attnvariants.validation import check_shape
-
     with pytest.raises(ValueError, match="`s` must be a tuple of ints >= 0"):
         check_shape("s", shape)
 
 
 def test_check_integer_dtype_rejects_booleans():
-    from keras_attnvariants.validation import check_integer_dtype
-
     with pytest.raises(ValueError, match="`ids` must be integer ids"):
         check_integer_dtype("ids", np.zeros(2, bool), "ids")
     check_integer_dtype("ids", np.zeros(2, "uint8"), "ids")
 
 
-def test_numpy_scalars_are_python_values_and_only_named_ones_convert():
-    from keras_attnvariants.validation import is_python_value
-
+def test_numpy_scalars_are_python_values():
     # NumPy's floats and ints are `numbers` already; its bools are not.
     assert is_python_value(np.float32(1)) and is_python_value(None)
     assert is_python_value(np.bool_(True))
     assert not is_python_value(np.ones(2))
-    got = python_scalars({"a": np.int64(1), "b": np.int64(2)}, ("a",))
-    assert type(got["a"]) is int and type(got["b"]) is np.int64

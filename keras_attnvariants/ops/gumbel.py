@@ -389,7 +389,8 @@ def argmax_indices(logits):
     """`(..., T)` int32 indices of the largest logit of each row.
 
     Ties pick the first maximal key (`-0.0` and `0.0` tie on TensorFlow).
-    A row holding NaN gives an index in range, never one past the end. On
+    A row holding NaN gives an index in range, never one past the end; an
+    empty key axis gives index 0 on every backend. On
     TensorFlow this is the row maximum, then the smallest index that
     reaches it: two vectorized reductions, where XLA:CPU runs `argmax` (a
     reduction over value-index pairs) as a scalar loop; 2x faster at

@@ -423,7 +423,7 @@ class PaddedRowsTest(TestCase):
         g, h, valid = streams(3)
         block = TwoStreamBlock(8, 2, 16, seed=1)
         for training in (False, True):
-            (_, h_out), z = block((g, h), padding_mask=valid, training=training)
+            _, z = block((g, h), padding_mask=valid, training=training)
             z = ops.convert_to_numpy(z)
             rows = np.broadcast_to(valid[:, None, :], z.shape[:-1])
             self.assertAllEqual(z[~rows], 0.0)
