@@ -188,3 +188,103 @@ class GumbelContractsTest(TestCase):
         self.assertTrue(0 <= noise_seed(top) < 2**31)
         seeds = list(range(0, 2**31, 2**31 // 997)) + [top]
         self.assertLen({noise_seed(s) for s in seeds}, len(set(seeds)))
+
+
+class _ReplicaContext:
+    """A stand-in `tf.distribute` replica context: replica `replica_id`
+    of `num_replicas`."""
+
+    def __init__(self, replica_id, num_replicas):
+        import tensorflow as tf
+
+        self.num_replicas_in_sync = num_replicas
+        self.replica_id_in_sync_group = tf.constant(replica_id, tf.int32)
+
+
+def _as_replica(replica_id, num_replicas=2):
+    """A context manager under which `ops.noise` sees replica
+    `replica_id` of `num_replicas`: a `tf.distribute` replica context on
+    TensorFlow, a `torch.distributed` rank on PyTorch (the framework
+    functions it queries, patched; JAX has no per-replica key)."""
+    import contextlib
+    from unittest import mock
+
+    backend = keras.backend.backend()
+    stack = contextlib.ExitStack()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        context = _ReplicaContext(replica_id, num_replicas)
+        stack.enter_context(
+            mock.patch.object(
+                tf.distribute, "get_replica_context", lambda: context
+            )
+        )
+    elif backend == "torch":
+        import torch.distributed as dist
+
+        for name, value in (
+            ("is_available", True),
+            ("is_initialized", True),
+            ("get_world_size", num_replicas),
+            ("get_rank", replica_id),
+        ):
+            stack.enter_context(
+                mock.patch.object(dist, name, lambda value=value: value)
+            )
+    return stack
+
+
+class ReplicaNoiseKeyTest(TestCase):
+    """Per-replica noise in one process, without a strategy over two
+    devices (the MirroredStrategy test of
+    `gumbel_discrete_attention_test.py` runs in the slow suite): the
+    replica id `ops.noise` reads from the framework is hashed into the
+    key, so replicas in the same generator state draw different noise."""
+
+    def setUp(self):
+        super().setUp()
+        if keras.backend.backend() == "jax":
+            self.skipTest("JAX data parallelism indexes one global batch")
+
+    def _key(self, generator, state):
+        generator.state.assign(_state_array(state, generator.state))
+        return int(
+            np.asarray(ops.convert_to_numpy(noise_key(generator))).astype(
+                np.uint32
+            )
+        )
+
+    def test_replica_id_is_hashed_into_the_noise_key(self):
+        generator = keras.random.SeedGenerator(0)
+        state = [11, 4]
+        words = np.array(state, np.uint32)
+        base = ref.fmix32(
+            ref.fmix32(words[0] ^ np.uint32(0x3C6EF372)) ^ words[1]
+        )
+        self.assertEqual(self._key(generator, state), int(base))
+        keys = []
+        for replica in range(3):
+            with _as_replica(replica, num_replicas=3):
+                keys.append(self._key(generator, state))
+            salted = ref.fmix32(np.uint32(replica) ^ np.uint32(0x1B873593))
+            self.assertEqual(keys[-1], int(ref.fmix32(base ^ salted)))
+        self.assertLen(set(keys + [int(base)]), 4)
+        # One replica in sync: the plain key.
+        with _as_replica(0, num_replicas=1):
+            self.assertEqual(self._key(generator, state), int(base))
+
+    def test_replicas_sample_different_gumbel_weights(self):
+        x = np.random.default_rng(4).normal(size=(1, 5, 4)).astype("float32")
+        layer = GumbelDiscreteAttention(num_heads=2, key_dim=3, seed=1)
+        layer(x, x)
+        start = ops.convert_to_numpy(layer.seed_generator.state)
+        samples = []
+        for replica in (0, 1):
+            layer.seed_generator.state.assign(start)
+            with _as_replica(replica):
+                _, weights = layer(
+                    x, x, return_attention_scores=True, training=True
+                )
+            samples.append(ops.convert_to_numpy(weights))
+        self.assertGreater(np.abs(samples[0] - samples[1]).max(), 1e-3)
