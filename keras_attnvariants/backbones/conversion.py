@@ -1014,6 +1014,13 @@ def convert_backbone(
         # Checked before the per-layer seeds wrap into range: -1 or 2**40
         # became other valid seeds instead of the layers' `ValueError`.
         attention_kwargs["seed"] = check_seed(attention_kwargs["seed"])
+    if attention_kwargs.get("output_shape") is not None:
+        # As Python ints: `_output_dims` accepts NumPy ints, which Keras's
+        # `MultiHeadAttention` rejects ("Invalid output_shape") in the
+        # rebuild.
+        dims = _output_dims(attention_kwargs["output_shape"])
+        given = attention_kwargs["output_shape"]
+        attention_kwargs["output_shape"] = dims[0] if is_int(given) else dims
     if "trainable" in attention_kwargs:
         # Assigned to each converted layer after the rebuild: "yes" or 1
         # was accepted there.

@@ -104,7 +104,9 @@ class ConversionReviewTest(TestCase):
             convert_backbone(backbone, kav.HybridAttention, output_shape="x")
         data = token_inputs()
         expected = backbone(data)["sequence_output"]
-        for good in (None, 8, (8,)):
+        # NumPy ints too: passed on as such, Keras's MultiHeadAttention
+        # rejected them in the rebuild ("Invalid output_shape").
+        for good in (None, 8, (8,), np.int64(8), [np.int32(8)]):
             converted = convert_backbone(
                 backbone,
                 keras.layers.MultiHeadAttention,
