@@ -19,6 +19,9 @@ def folder_problem(path):
     """
     existing = os.path.abspath(path)
     while not os.path.exists(existing):
+        if os.path.islink(existing):
+            # A dangling link: `os.makedirs` would raise FileExistsError.
+            return f"{existing!r} is a link to a missing target"
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         return f"{existing!r} is a file, not a folder"
@@ -42,6 +45,8 @@ def folder(text):
 def output_file(text):
     """argparse type: a file path whose folder exists and that is no
     folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a file, got ''")
     folder_name = os.path.dirname(text) or "."
     if not os.path.isdir(folder_name):
         raise argparse.ArgumentTypeError(
