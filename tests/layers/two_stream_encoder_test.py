@@ -273,3 +273,191 @@ class TwoStreamEncoderTest(TestCase):
         restored = TwoStreamEncoder.from_config(config)
         self.assertIs(restored.blocks[0].straight_through, True)
         self.assertIs(restored.mask_zero, True)
+
+
+def _redraw(layer, seed):
+    """New random values for every weight of `layer`."""
+    rng = np.random.default_rng(seed)
+    layer.set_weights(
+        [rng.normal(size=w.shape).astype("float32") for w in layer.weights]
+    )
+
+
+class TwoStreamEncoderContractsTest(TestCase):
+    """Behaviour a mutation review (2026-12-02) found unpinned: per-view
+    controller embeddings, position rows, the single-stream tables,
+    separate embeddings through `.keras`, symbolic dtypes under mixed
+    precision, causal relaxed training, the constructor's temperature
+    and dtype policy."""
+
+    def test_each_view_reads_its_own_controller_embeddings(self):
+        # With separate embeddings every view has its own controller
+        # embeddings (Kinley 2020, 4.2): redrawing view 0's changes view 0
+        # only, redrawing view 1's changes view 1 only. ("soft" model
+        # attention makes the model stream a smooth function of the
+        # controller, so any change to its input shows.)
+        encoder = TwoStreamEncoder(
+            10,
+            5,
+            2,
+            d_model=8,
+            num_heads=2,
+            d_ff=16,
+            num_views=2,
+            share_embeddings=False,
+            model_attention="soft",
+            seed=0,
+        )
+
+        def outputs():
+            return [
+                keras.ops.convert_to_numpy(encoder(TOKENS, view=v))
+                for v in (0, 1)
+            ]
+
+        before = outputs()
+        for view in (0, 1):
+            for layer in encoder.controller_embeddings[view]:
+                _redraw(layer, seed=view)
+            after = outputs()
+            self.assertNotAllClose(after[view], before[view])
+            self.assertAllClose(after[1 - view], before[1 - view])
+            before = after
+
+    def test_position_embedding_rows_up_to_the_length_are_read(self):
+        # Position t reads row t of the position table: redrawing a row
+        # below the length changes the output, a row past it does not.
+        encoder = TwoStreamEncoder(
+            10, 8, 2, d_model=8, num_heads=2, d_ff=16, model_attention="soft"
+        )
+        before = keras.ops.convert_to_numpy(encoder(TOKENS))
+        table = encoder.model_embeddings[1]
+        for row, read in ((5, False), (7, False), (0, True), (3, True)):
+            rows = keras.ops.convert_to_numpy(table.embeddings).copy()
+            rows[row] += 1.0
+            table.embeddings.assign(rows)
+            after = keras.ops.convert_to_numpy(encoder(TOKENS))
+            if read:
+                self.assertNotAllClose(after, before)
+            else:
+                self.assertAllClose(after, before)
+            before = after
+
+    def test_single_stream_has_no_controller_embeddings(self):
+        # `share_embeddings` is about the controllers' embeddings: a
+        # single-stream encoder has no controller, so no extra tables
+        # (unused weights would never train).
+        def weights(share):
+            encoder = TwoStreamEncoder(
+                10,
+                5,
+                1,
+                d_model=8,
+                num_heads=2,
+                d_ff=16,
+                mode="single_stream",
+                share_embeddings=share,
+            )
+            encoder(TOKENS)
+            return [w.path.split("/", 1)[1] for w in encoder.weights]
+
+        self.assertEqual(weights(False), weights(True))
+
+    def test_separate_multiview_embeddings_round_trip(self):
+        # `.keras` files rebuild the encoder from its config, `build` it,
+        # then load the variables: the controllers' own embedding tables
+        # must be in the config and created by `build`.
+        encoder = TwoStreamEncoder(
+            10,
+            5,
+            2,
+            d_model=8,
+            num_heads=2,
+            d_ff=16,
+            num_views=2,
+            share_embeddings=False,
+            model_attention="soft",
+            seed=0,
+        )
+        tokens = keras.Input((5,), dtype="int32")
+        model = keras.Model(
+            tokens, [encoder(tokens, view=0), encoder(tokens, view=1)]
+        )
+        reloaded = self.assert_keras_save_load_parity(model, TOKENS, atol=1e-6)
+        self.assertEqual(len(reloaded.weights), len(model.weights))
+
+    def test_symbolic_outputs_have_the_eager_dtypes_in_mixed_precision(self):
+        # The attention weights stay float32 under a mixed policy, the
+        # model stream takes the compute dtype: a functional model's
+        # KerasTensors must say the same.
+        encoder = TwoStreamEncoder(
+            10, 5, 2, d_model=8, num_heads=2, d_ff=16, dtype="mixed_bfloat16"
+        )
+
+        def dtypes(h, attentions):
+            return [
+                keras.backend.standardize_dtype(x.dtype)
+                for x in (h, *attentions)
+            ]
+
+        eager = dtypes(*encoder(TOKENS, return_attention=True))
+        symbolic = dtypes(
+            *encoder(keras.Input((5,), dtype="int32"), return_attention=True)
+        )
+        self.assertEqual(eager, ["bfloat16", "float32", "float32"])
+        self.assertEqual(symbolic, eager)
+
+    def test_every_block_trains_causally_on_relaxed_samples(self):
+        # In training every block draws relaxed (not one-hot) samples, and
+        # with `use_causal_mask` none puts weight on a later token
+        # (relaxed samples are positive on every allowed key, so a
+        # missing mask shows at once).
+        future = np.triu(np.ones((5, 5), bool), 1)
+        for mode in ("two_stream", "single_stream"):
+            encoder = TwoStreamEncoder(
+                10, 5, 2, d_model=8, num_heads=2, d_ff=16, mode=mode, seed=0
+            )
+            _, attentions = encoder(
+                TOKENS,
+                use_causal_mask=True,
+                return_attention=True,
+                training=True,
+            )
+            for z in attentions:
+                z = keras.ops.convert_to_numpy(z)
+                self.assertEqual(float(z[..., future].max()), 0.0)
+                relaxed = (z > 1e-4) & (z < 1 - 1e-4)
+                self.assertTrue(np.any(relaxed[..., ~future]))
+
+    def test_constructor_temperature_reaches_every_block(self):
+        # The blocks' temperature variables start at the constructor's
+        # value (a sampler at 1.0 despite `temperature=0.3` read 0.3).
+        encoder = TwoStreamEncoder(
+            10, 5, 2, d_model=8, num_heads=2, d_ff=16, temperature=0.3
+        )
+        encoder(TOKENS)
+        for block in encoder.blocks:
+            self.assertAllClose(block.temperature, 0.3)
+        self.assertAllClose(encoder.temperature, 0.3)
+
+    def test_dtype_policy_reaches_the_embedding_tables(self):
+        # Under a `bfloat16` policy every table is bfloat16 (only the
+        # blocks' temperatures stay float32).
+        encoder = TwoStreamEncoder(
+            10,
+            5,
+            1,
+            d_model=8,
+            num_heads=2,
+            d_ff=16,
+            share_embeddings=False,
+            dtype="bfloat16",
+        )
+        encoder(TOKENS)
+        others = {
+            w.path: keras.backend.standardize_dtype(w.dtype)
+            for w in encoder.weights
+            if not w.path.endswith("temperature")
+        }
+        self.assertLen(others, len(encoder.weights) - 1)
+        self.assertEqual(set(others.values()), {"bfloat16"})
