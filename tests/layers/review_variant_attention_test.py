@@ -6,6 +6,7 @@ from absl.testing import parameterized
 from keras import ops
 
 import keras_attnvariants as kav
+from keras_attnvariants.losses.attention_loss import AttentionLoss
 from keras_attnvariants.testing.test_case import TestCase
 
 LAYERS = {
@@ -229,3 +230,54 @@ class SharedMaskedInputTest(TestCase, parameterized.TestCase):
         self.assertAllClose(first[:, :3], numpy_out(explicit)[:, :3], atol=1e-6)
         unmasked = numpy_out(layer(plain, plain))
         self.assertGreater(np.abs(first[:, :3] - unmasked[:, :3]).max(), 1e-4)
+
+
+class ContextRecorder(AttentionLoss):
+    """Keeps the last context it was handed; adds 0."""
+
+    needs_attention_weights = False
+
+    def compute_loss_value(self, query):
+        return ops.mean(ops.cast(query, "float32")) * 0.0
+
+    def from_attention(self, context):
+        self.context = context
+        return self(context["query"])
+
+
+class VariantAttentionTermContextTest(TestCase):
+    """Pinned after a mutation review (2026-12-02): the term context of a
+    layer that is not a converted self-attention, dropout only in
+    training, scores returned before dropout."""
+
+    def test_plain_layer_keeps_causal_padded_queries_in_the_context(self):
+        # Not a converted self-attention layer: `query_mask` is any(mask, -1)
+        # (padded query 2 attends key 0), only keys are padding.
+        term = ContextRecorder()
+        layer = kav.GumbelDiscreteAttention(
+            2, 4, seed=1, attention_losses=[term]
+        )
+        x = np.random.default_rng(0).normal(size=(1, 4, 8)).astype("float32")
+        keys = np.array([[1, 1, 0, 0]], bool)
+        layer(x, x, value_mask=keys, use_causal_mask=True, training=True)
+        self.assertAllEqual(term.context["query_mask"], np.ones((1, 4), bool))
+        self.assertAllEqual(term.context["key_mask"], keys)
+
+    def test_returned_scores_are_taken_before_dropout(self):
+        layer = kav.HybridAttention(2, 4, hybrid_init=0.0, dropout=0.5, seed=3)
+        x = np.random.default_rng(0).normal(size=(2, 6, 8)).astype("float32")
+        _, scores = layer(x, x, return_attention_scores=True, training=True)
+        self.assertAllClose(
+            ops.sum(scores, axis=-1), np.ones((2, 2, 6)), atol=1e-5
+        )
+
+    def test_dropout_is_off_at_inference(self):
+        x = np.random.default_rng(0).normal(size=(2, 6, 8)).astype("float32")
+        plain = kav.HybridAttention(2, 4, hybrid_init=0.0)
+        dropping = kav.HybridAttention(2, 4, hybrid_init=0.0, dropout=0.5)
+        plain(x, x)
+        dropping(x, x)
+        dropping.set_weights(plain.get_weights())
+        self.assertAllClose(
+            dropping(x, x, training=False), plain(x, x), atol=1e-6
+        )
