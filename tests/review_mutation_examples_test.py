@@ -146,12 +146,19 @@ def test_mlm_helpers():
     assert got == pytest.approx(want, rel=1e-5)
 
 
+def _usage_error(capsys, parse, argv):
+    """argparse's usage error (exit 2) for `argv`: its stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
 def test_mlm_rejects_dropout_one(capsys):
     example = _load("attention_guidance_mlm")
-    with pytest.raises(SystemExit) as exit_info:
-        example.parse_args(["--dropout", "1"])
-    assert exit_info.value.code == 2
-    assert "--dropout" in capsys.readouterr().err
+    assert "--dropout" in _usage_error(
+        capsys, example.parse_args, ["--dropout", "1"]
+    )
 
 
 def test_kq_batches_cover_every_row_once_in_order():
@@ -169,10 +176,9 @@ def test_kq_and_finetune_flags_at_their_limits(capsys):
     kq = _load("kq_alignment_finetune")
     assert kq.parse_args(["--layers", "6"]).layers == 6
     finetune = _load("finetune_pretrained_with_variants")
-    with pytest.raises(SystemExit) as exit_info:
-        finetune.parse_args(["--variants", "dnas,hnsa"])
-    assert exit_info.value.code == 2
-    assert "--variants" in capsys.readouterr().err
+    assert "--variants" in _usage_error(
+        capsys, finetune.parse_args, ["--variants", "dnas,hnsa"]
+    )
 
 
 def test_hybrid_weights_take_the_multiplied_rate_and_no_decay():

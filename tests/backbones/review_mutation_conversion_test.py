@@ -12,6 +12,7 @@ import pytest
 from conversion_serialization_test import inputs
 from conversion_serialization_test import numpy_outputs
 from conversion_serialization_test import tiny_bert
+from conversion_test import gpt2
 from review_safety_reconvert_test import USER_MODULE
 from review_safety_reconvert_test import user_module  # noqa: F401
 
@@ -30,17 +31,6 @@ def _sequence(backbone, data=None):
     if isinstance(outputs, dict):
         outputs = outputs["sequence_output"]
     return outputs
-
-
-def _gpt2():
-    return keras_hub.models.GPT2Backbone(
-        vocabulary_size=50,
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
-        max_sequence_length=8,
-    )
 
 
 def _gpt2_inputs():
@@ -85,7 +75,7 @@ def test_decoder_takes_a_subclass_of_keras_hubs_cached_attention():
     class MyCachedAttention(keras_hub.layers.CachedMultiHeadAttention):
         pass
 
-    original = _gpt2()
+    original = gpt2()
     converted = convert_backbone(original, MyCachedAttention)
     layers = self_attention_layers(converted)
     assert all(type(x) is MyCachedAttention for x in layers)
@@ -104,7 +94,7 @@ def test_decoder_refuses_an_attention_that_overrides_call():
     with pytest.raises(
         ValueError, match="overrides `call`.*Override `_compute_attention`"
     ):
-        convert_backbone(_gpt2(), CallingAttention)
+        convert_backbone(gpt2(), CallingAttention)
 
 
 # review_safety_reconvert_test.py: class resolution.

@@ -283,6 +283,24 @@ def _redraw(layer, seed):
     )
 
 
+def _separate_multiview_encoder():
+    """Two views with their own controller embeddings; "soft" model
+    attention makes the model stream a smooth function of the
+    controller, so any change to its input shows."""
+    return TwoStreamEncoder(
+        10,
+        5,
+        2,
+        d_model=8,
+        num_heads=2,
+        d_ff=16,
+        num_views=2,
+        share_embeddings=False,
+        model_attention="soft",
+        seed=0,
+    )
+
+
 class TwoStreamEncoderContractsTest(TestCase):
     """Behaviour a mutation review (2026-12-02) found unpinned: per-view
     controller embeddings, position rows, the single-stream tables,
@@ -293,21 +311,8 @@ class TwoStreamEncoderContractsTest(TestCase):
     def test_each_view_reads_its_own_controller_embeddings(self):
         # With separate embeddings every view has its own controller
         # embeddings (Kinley 2020, 4.2): redrawing view 0's changes view 0
-        # only, redrawing view 1's changes view 1 only. ("soft" model
-        # attention makes the model stream a smooth function of the
-        # controller, so any change to its input shows.)
-        encoder = TwoStreamEncoder(
-            10,
-            5,
-            2,
-            d_model=8,
-            num_heads=2,
-            d_ff=16,
-            num_views=2,
-            share_embeddings=False,
-            model_attention="soft",
-            seed=0,
-        )
+        # only, redrawing view 1's changes view 1 only.
+        encoder = _separate_multiview_encoder()
 
         def outputs():
             return [
@@ -367,18 +372,7 @@ class TwoStreamEncoderContractsTest(TestCase):
         # `.keras` files rebuild the encoder from its config, `build` it,
         # then load the variables: the controllers' own embedding tables
         # must be in the config and created by `build`.
-        encoder = TwoStreamEncoder(
-            10,
-            5,
-            2,
-            d_model=8,
-            num_heads=2,
-            d_ff=16,
-            num_views=2,
-            share_embeddings=False,
-            model_attention="soft",
-            seed=0,
-        )
+        encoder = _separate_multiview_encoder()
         tokens = keras.Input((5,), dtype="int32")
         model = keras.Model(
             tokens, [encoder(tokens, view=0), encoder(tokens, view=1)]

@@ -17,16 +17,6 @@ from keras_attnvariants.losses.attention_loss import token_ids_scope
 from keras_attnvariants.testing.test_case import TestCase
 
 
-class QueryMean(AttentionLoss):
-    needs_attention_weights = False
-
-    def compute_loss_value(self, query):
-        return ops.mean(ops.cast(query, "float32"))
-
-    def from_attention(self, context):
-        return self(context["query"])
-
-
 class AttentionLossMechanismTest(TestCase):
     def test_batch_mean_of_ints_is_a_float_mean(self):
         got = batch_mean(np.array([[1, 2], [3, 5]], "int32"))
@@ -73,7 +63,9 @@ class AttentionLossMechanismTest(TestCase):
         )
 
     def test_term_value_is_float32_whatever_it_computes(self):
-        class HalfTerm(QueryMean):
+        class HalfTerm(AttentionLoss):
+            needs_attention_weights = False
+
             def compute_loss_value(self, query):
                 return ops.cast(ops.mean(query), "float16")
 
