@@ -7,6 +7,7 @@ the compiled kernel run where JAX has a GPU.
 """
 
 import os
+import re
 from unittest import mock
 
 import keras
@@ -223,3 +224,98 @@ class FusedSinkhornGpuTest(TestCase):
         self.assertAllClose(value, want, rtol=1e-4)
         self.assertAllClose(dq, want_dq, atol=1e-5, rtol=1e-3)
         self.assertAllClose(dk, want_dk, atol=1e-5, rtol=1e-3)
+
+
+# Pinned after a mutation review (2026-12-02): the off switch in any
+# case, `fits` on empty or unknown sides, the Triton launch parameters and
+# the arguments `sinkhorn_cost` passes (read from the program lowered for
+# CUDA, no GPU needed), finite potentials on masked points.
+
+
+def compiler_params(program):
+    """`{name: value}` of the Triton call's `num_warps` / `num_stages`."""
+    return {
+        key: int(value)
+        for key, value in re.findall(r"(num_warps|num_stages) = (\d+)", program)
+    }
+
+
+class FusedSinkhornSwitchTest(TestCase):
+    def test_every_documented_off_value_in_any_case_turns_it_off(self):
+        for flag in ("0", "false", "off", "no", "FALSE", "Off", " No\n"):
+            with mock.patch.dict(
+                os.environ, {"KERAS_ATTNVARIANTS_FUSED_SINKHORN": flag}
+            ):
+                self.assertFalse(fused_sinkhorn.enabled(), msg=repr(flag))
+        for flag in ("1", "true", "on", "yes"):
+            with mock.patch.dict(
+                os.environ, {"KERAS_ATTNVARIANTS_FUSED_SINKHORN": flag}
+            ):
+                self.assertTrue(fused_sinkhorn.enabled(), msg=repr(flag))
+
+    def test_fits_rejects_an_empty_or_unknown_side_either_way(self):
+        self.assertTrue(fused_sinkhorn.fits(1, 1))
+        for n, m in ((8, 0), (0, 0), (8, -1), (-1, 8), (8, None), (None, None)):
+            self.assertFalse(fused_sinkhorn.fits(n, m), msg=(n, m))
+
+    def test_warps_grow_with_the_padded_matrix(self):
+        # About 32 entries per thread, between 4 and 16 warps.
+        for elements, want in (
+            (16 * 16, 4),
+            (64 * 64, 4),
+            (64 * 128, 8),
+            (128 * 128, 16),
+            (128 * 256, 16),
+        ):
+            self.assertEqual(fused_sinkhorn._num_warps(elements), want)
+
+
+class FusedSinkhornLoweringTest(TestCase):
+    """What the CUDA program's Triton call is given."""
+
+    args = FusedSinkhornDispatchTest.args
+
+    def test_compiler_params_follow_the_padded_size(self):
+        # 24 x 20 pads to 32 x 32; 100 x 200 to 128 x 256.
+        for (n, m), warps in (((24, 20), 4), ((100, 200), 16)):
+            program = lowered_program(ot_cost, *self.args(n=n, m=m))
+            self.assertEqual(
+                compiler_params(program),
+                {"num_warps": warps, "num_stages": 1},
+                msg=(n, m),
+            )
+
+    def test_sinkhorn_cost_passes_its_iterations_and_the_generic_constants(
+        self,
+    ):
+        with mock.patch.object(
+            fused_sinkhorn, "potentials", wraps=fused_sinkhorn.potentials
+        ) as potentials:
+            lowered_program(ot_cost, *self.args())
+        potentials.assert_called_once()
+        (log_kernel, rows, cols, *rest), kwargs = potentials.call_args
+        self.assertEqual(
+            tuple(rest) + tuple(kwargs.values()),
+            (100, transport._ABSORB_EVERY, MASK_FILL),
+        )
+        self.assertEqual(tuple(log_kernel.shape), (2, 3, 24, 20))
+        self.assertEqual(tuple(rows.shape), (2, 3, 24))
+        self.assertEqual(tuple(cols.shape), (2, 3, 20))
+
+
+class FusedSinkhornMaskedPotentialsTest(TestCase):
+    def test_potentials_stay_finite_on_masked_and_padded_points(self):
+        # As the generic path's: masked rows and columns keep scaling 1
+        # (not a / mass = 0, whose log is -inf).
+        from fused_sinkhorn_test import log_kernel_and_masks
+
+        log_kernel, rows, cols, _ = log_kernel_and_masks(7, (2, 9, 6), 0.4)
+        self.assertFalse(rows.all())
+        self.assertFalse(cols.all())
+        u, v = fused_sinkhorn.potentials(
+            log_kernel, rows, cols, 25, 10, MASK_FILL, interpret=True
+        )
+        generic = transport._potentials(log_kernel, rows, cols, 25)
+        for got, want in zip((u, v), generic):
+            self.assertTrue(np.all(np.isfinite(np.asarray(want))))
+            self.assertTrue(np.all(np.isfinite(np.asarray(got))))
