@@ -1,8 +1,10 @@
 """The command line: one-line errors for bad flags, non-zero exits."""
 
+import argparse
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -387,3 +389,93 @@ def test_demo_plots_leave_out_the_histogram_without_standard_or_dnas(
     assert sorted(os.listdir(tmp_path)) == names
     paths = demo.save_plots({"dnas": result}, str(tmp_path), "text")
     assert "explain_away_histogram.png" in {os.path.basename(p) for p in paths}
+
+
+# Output-path flags (`_argparse_types`: the demo CLI, examples/ and
+# benchmarks/), pinned after a mutation review (2026-12-02), with the two
+# it found wrong: empty text and a dangling link.
+
+
+def _in_thread(call, timeout=60):
+    """`call()`'s result, failing if it does not return in time."""
+    result = []
+    worker = threading.Thread(target=lambda: result.append(call()))
+    worker.daemon = True
+    worker.start()
+    worker.join(timeout)
+    assert not worker.is_alive(), f"did not return within {timeout} s"
+    assert result, "raised (see the thread's traceback above)"
+    return result[0]
+
+
+def test_folder_accepts_a_new_relative_folder(tmp_path, monkeypatch):
+    # Kills: `os.path.abspath(path)` dropped in `folder_problem` (a new
+    # relative folder looped forever: `os.path.dirname("new") == ""`; the
+    # existing tests only hung on it), and `folder` returning another
+    # spelling of the path than the one given.
+    from keras_attnvariants._argparse_types import folder
+
+    monkeypatch.chdir(tmp_path)
+    nested = os.path.join("new", "sub")
+    assert _in_thread(lambda: folder(nested)) == nested
+
+
+def test_folder_flags_reject_a_folder_that_is_not_writable(
+    tmp_path, monkeypatch, capsys
+):
+    # Kills: the `os.access` check removed, or `W_OK` dropped from it. As
+    # root every folder is writable, so `os.access` is faked: write
+    # permission is refused, search permission granted.
+    from keras_attnvariants.__main__ import parse
+
+    monkeypatch.setattr(os, "access", lambda path, mode: not mode & os.W_OK)
+    with pytest.raises(SystemExit) as exit_info:
+        parse(["demo", "--output", str(tmp_path / "new")])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "--output: must name a folder" in lines[0]
+    assert f"{str(tmp_path)!r} is not writable" in lines[0]
+
+
+def test_output_file_takes_a_bare_name_and_rejects_a_file_as_folder(
+    tmp_path, monkeypatch
+):
+    # Kills: `os.path.dirname(text) or "."` -> `os.path.dirname(text)` (a
+    # bare file name, as the examples' defaults are, was rejected), and
+    # `isdir(folder)` -> `exists(folder)` (a file in the folder's place
+    # passed, to fail when the figure is written).
+    from keras_attnvariants._argparse_types import output_file
+
+    monkeypatch.chdir(tmp_path)
+    assert output_file("report.md") == "report.md"
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(argparse.ArgumentTypeError, match="'a_file'"):
+        output_file(os.path.join("a_file", "report.md"))
+
+
+def test_output_file_rejects_empty_text():
+    # `os.path.dirname("") or "."` passed it: the script failed with
+    # FileNotFoundError after its work.
+    from keras_attnvariants._argparse_types import output_file
+
+    for text in ("", "  "):
+        with pytest.raises(
+            argparse.ArgumentTypeError, match="must name a file, got ''"
+        ):
+            output_file(text)
+
+
+def test_folder_rejects_a_dangling_link(tmp_path):
+    # `os.path.exists` is False for it, so the check climbed to its
+    # folder and passed; `os.makedirs` then raised FileExistsError.
+    from keras_attnvariants._argparse_types import folder
+
+    link = tmp_path / "link"
+    os.symlink(tmp_path / "missing", link)
+    for path in (link, link / "sub"):
+        with pytest.raises(
+            argparse.ArgumentTypeError,
+            match=f"{str(link)!r} is a link to a missing target",
+        ):
+            folder(str(path))

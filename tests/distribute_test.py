@@ -1,5 +1,6 @@
 """Scale-out: tf.distribute, JAX data parallel, XLA with mixed_bfloat16."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -501,3 +502,157 @@ def test_pick_strategy_local_tpu_that_cannot_be_resolved_raises(monkeypatch):
     monkeypatch.setattr(tf.config, "list_physical_devices", physical_devices)
     with pytest.raises(ValueError, match="could not be resolved as 'local'"):
         distribute.pick_strategy()
+
+
+# Pinned after a mutation review (2026-12-02): `pick_strategy`'s GPU and
+# split-CPU branches (devices faked), the default strategy, a TPU lookup
+# that finds no platform, the backend checks and the JAX `model_scope`.
+
+
+def _no_tpu(monkeypatch):
+    import tensorflow as tf
+
+    def resolver(tpu=None):
+        raise ValueError("Please provide a TPU Name to connect to.")
+
+    monkeypatch.setattr(
+        tf.distribute.cluster_resolver, "TPUClusterResolver", resolver
+    )
+
+
+def _fake_logical_devices(monkeypatch, kind, count):
+    import tensorflow as tf
+
+    real = tf.config.list_logical_devices
+    fake = [
+        tf.config.LogicalDevice(
+            f"/job:localhost/replica:0/task:0/device:{kind}:{i}", kind
+        )
+        for i in range(count)
+    ]
+
+    def logical_devices(device_type=None):
+        return list(fake) if device_type == kind else real(device_type)
+
+    monkeypatch.setattr(tf.config, "list_logical_devices", logical_devices)
+    return [d.name for d in fake]
+
+
+def _record_mirrored(monkeypatch):
+    import tensorflow as tf
+
+    monkeypatch.setattr(
+        tf.distribute, "MirroredStrategy", lambda devices: ("mirrored", devices)
+    )
+
+
+@on_tf
+def test_pick_strategy_mirrors_over_every_visible_gpu(monkeypatch):
+    # Kills: `if gpus:` -> `if False:`; `gpus` -> `gpus[:1]`. No test ran
+    # the GPU branch on a CPU-only machine.
+    from keras_attnvariants import distribute
+
+    _no_tpu(monkeypatch)
+    names = _fake_logical_devices(monkeypatch, "GPU", 2)
+    _record_mirrored(monkeypatch)
+    assert distribute.pick_strategy() == ("mirrored", names)
+    # GPUs come first: `cpu_replicas` is for machines without accelerators.
+    assert distribute.pick_strategy(cpu_replicas=1) == ("mirrored", names)
+
+
+@on_tf
+def test_pick_strategy_uses_only_the_cpu_replicas_asked_for(monkeypatch):
+    # Kills: `[:cpu_replicas]` dropped (3 split CPUs, 2 asked for: a
+    # 3-replica strategy), and the `len(cpus) < cpu_replicas` check
+    # skipped (a 3-replica strategy silently over the 3 that exist).
+    from keras_attnvariants import distribute
+
+    _no_tpu(monkeypatch)
+    names = _fake_logical_devices(monkeypatch, "CPU", 3)
+    _record_mirrored(monkeypatch)
+    assert distribute.pick_strategy(cpu_replicas=2) == ("mirrored", names[:2])
+    assert distribute.pick_strategy(cpu_replicas=3) == ("mirrored", names)
+    with pytest.raises(
+        ValueError,
+        match=r"at most the 3 logical CPU device\(s\).*split_cpu.*"
+        r"Received: cpu_replicas=4",
+    ):
+        distribute.pick_strategy(cpu_replicas=4)
+
+
+@on_tf
+def test_pick_strategy_without_accelerators_is_the_default_strategy():
+    # Kills: the default strategy replaced by a one-device strategy (the
+    # existing test checked `num_replicas_in_sync == 1` only).
+    import tensorflow as tf
+
+    from keras_attnvariants import distribute
+
+    strategy = distribute.pick_strategy()
+    assert strategy is tf.distribute.get_strategy()
+    assert not tf.distribute.has_strategy()
+
+
+@on_tf
+def test_pick_strategy_tpu_lookup_not_found(monkeypatch):
+    # Kills: `tf.errors.NotFoundError` dropped from the lookup's except.
+    import tensorflow as tf
+
+    from keras_attnvariants import distribute
+
+    def resolver(tpu=None):
+        raise tf.errors.NotFoundError(None, None, "no TPU platform")
+
+    monkeypatch.setattr(
+        tf.distribute.cluster_resolver, "TPUClusterResolver", resolver
+    )
+    assert distribute.pick_strategy().num_replicas_in_sync == 1
+    with pytest.raises(ValueError, match="no TPU platform.*tpu='my-tpu'"):
+        distribute.pick_strategy(tpu="my-tpu")
+
+
+def test_tf_distribute_helpers_need_the_tensorflow_backend(monkeypatch):
+    # Kills: `_tensorflow()`'s backend check removed (a strategy was built
+    # under JAX, where Keras ignores it).
+    from keras_attnvariants import distribute
+
+    monkeypatch.setattr(keras.config, "backend", lambda: "jax")
+    for call in (distribute.pick_strategy, lambda: distribute.split_cpu(2)):
+        with pytest.raises(ValueError, match="KERAS_BACKEND='jax'"):
+            call()
+
+
+def test_data_parallel_needs_the_jax_backend(monkeypatch):
+    # Kills: `data_parallel()`'s backend check removed.
+    from keras_attnvariants import distribute
+
+    for backend in ("tensorflow", "torch"):
+        monkeypatch.setattr(keras.config, "backend", lambda: backend)
+        with pytest.raises(ValueError, match=f"KERAS_BACKEND='{backend}'"):
+            distribute.data_parallel()
+
+
+def test_model_scope_on_jax_opens_data_parallel_over_several_devices(
+    monkeypatch,
+):
+    # Kills: `yield distribution` -> `yield None` (only the slow JAX
+    # subprocess test covered it).
+    from keras_attnvariants import distribute
+
+    entered = []
+
+    class Distribution:
+        @contextlib.contextmanager
+        def scope(self):
+            entered.append(True)
+            yield
+
+    distribution = Distribution()
+    monkeypatch.setattr(keras.config, "backend", lambda: "jax")
+    monkeypatch.setattr(
+        keras.distribution, "list_devices", lambda: ["cpu:0", "cpu:1"]
+    )
+    monkeypatch.setattr(distribute, "data_parallel", lambda: distribution)
+    with distribute.model_scope() as picked:
+        assert picked is distribution
+        assert entered == [True]

@@ -1018,8 +1018,8 @@ def convert_backbone(
         # As Python ints: `_output_dims` accepts NumPy ints, which Keras's
         # `MultiHeadAttention` rejects ("Invalid output_shape") in the
         # rebuild.
-        dims = _output_dims(attention_kwargs["output_shape"])
         given = attention_kwargs["output_shape"]
+        dims = _output_dims(given)
         attention_kwargs["output_shape"] = dims[0] if is_int(given) else dims
     if "trainable" in attention_kwargs:
         # Assigned to each converted layer after the rebuild: "yes" or 1
