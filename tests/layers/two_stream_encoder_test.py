@@ -8,6 +8,13 @@ from keras_attnvariants.testing.test_case import TestCase
 TOKENS = np.array([[3, 4, 5, 6, 0], [1, 2, 3, 0, 0]], "int32")
 
 
+def tiny_encoder(num_layers, **kwargs):
+    """A `TwoStreamEncoder` of vocabulary 10, length 5, width 8, 2 heads."""
+    return TwoStreamEncoder(
+        10, 5, num_layers, d_model=8, num_heads=2, d_ff=16, **kwargs
+    )
+
+
 def classifier(encoder, views=1):
     inputs = [keras.Input((5,), dtype="int32") for _ in range(views)]
     head = keras.layers.Dense(5)
@@ -22,9 +29,7 @@ def classifier(encoder, views=1):
 
 class TwoStreamEncoderTest(TestCase):
     def test_multiview_model_trains_and_round_trips(self):
-        encoder = TwoStreamEncoder(
-            10, 5, 1, d_model=8, num_heads=2, d_ff=16, num_views=2, seed=0
-        )
+        encoder = tiny_encoder(1, num_views=2, seed=0)
         model = classifier(encoder, views=2)
         labels = np.array([1, 2])
         history = model.fit(
@@ -38,9 +43,7 @@ class TwoStreamEncoderTest(TestCase):
         # read), so no weight is left without a gradient: one Adam step
         # moves every trainable weight.
         for views in (1, 2):
-            encoder = TwoStreamEncoder(
-                10, 5, 2, d_model=8, num_heads=2, d_ff=16, num_views=views
-            )
+            encoder = tiny_encoder(2, num_views=views)
             model = classifier(encoder, views=views)
             labels = np.array([1, 2])
             inputs = [TOKENS] * views if views > 1 else TOKENS
@@ -62,10 +65,8 @@ class TwoStreamEncoderTest(TestCase):
             self.assertTrue(encoder.blocks[0].update_controller)
 
     def test_separate_embeddings_and_config(self):
-        shared = TwoStreamEncoder(10, 5, 1, d_model=8, num_heads=2, d_ff=16)
-        separate = TwoStreamEncoder(
-            10, 5, 1, d_model=8, num_heads=2, d_ff=16, share_embeddings=False
-        )
+        shared = tiny_encoder(1)
+        separate = tiny_encoder(1, share_embeddings=False)
         shared(TOKENS)
         separate(TOKENS)
         self.assertEqual(
@@ -74,13 +75,8 @@ class TwoStreamEncoderTest(TestCase):
         self.assert_config_covers_init_args(separate)
 
     def test_receptive_field_loss_added_in_training_only(self):
-        encoder = TwoStreamEncoder(
-            10,
-            5,
+        encoder = tiny_encoder(
             2,
-            d_model=8,
-            num_heads=2,
-            d_ff=16,
             mode="single_stream",
             receptive_field_coefficient=0.1,
         )
@@ -114,7 +110,7 @@ class TwoStreamEncoderTest(TestCase):
             TwoStreamEncoder(10, 5, 1, receptive_field_reduction="max")
 
     def test_functional_model_returns_every_layers_attention(self):
-        encoder = TwoStreamEncoder(10, 5, 3, d_model=8, num_heads=2, d_ff=16)
+        encoder = tiny_encoder(3)
         tokens = keras.Input((5,), dtype="int32")
         h, attentions = encoder(tokens, return_attention=True)
         model = keras.Model(tokens, [h, *attentions])
@@ -126,7 +122,7 @@ class TwoStreamEncoderTest(TestCase):
     def test_float_ids_read_as_the_embeddings_read_them(self):
         # 0.4 was a real token for the padding mask but embedded as id 0
         # (padding): its output differed from the int ids'.
-        encoder = TwoStreamEncoder(10, 5, 2, d_model=8, num_heads=2, d_ff=16)
+        encoder = tiny_encoder(2)
         floats = TOKENS.astype("float32")
         floats[0, 4] = 0.4
         floats[1, 1] = 2.7
@@ -211,13 +207,8 @@ class TwoStreamEncoderTest(TestCase):
         # deterministic (the union of the fields covers every token), soft
         # model attention makes the training forward pass the inference one.
         keras.utils.set_random_seed(0)
-        encoder = TwoStreamEncoder(
-            10,
-            5,
+        encoder = tiny_encoder(
             2,
-            d_model=8,
-            num_heads=2,
-            d_ff=16,
             num_views=2,
             seed=0,
             receptive_field_coefficient=0.5,
@@ -287,13 +278,8 @@ def _separate_multiview_encoder():
     """Two views with their own controller embeddings; "soft" model
     attention makes the model stream a smooth function of the
     controller, so any change to its input shows."""
-    return TwoStreamEncoder(
-        10,
-        5,
+    return tiny_encoder(
         2,
-        d_model=8,
-        num_heads=2,
-        d_ff=16,
         num_views=2,
         share_embeddings=False,
         model_attention="soft",
@@ -353,13 +339,8 @@ class TwoStreamEncoderContractsTest(TestCase):
         # single-stream encoder has no controller, so no extra tables
         # (unused weights would never train).
         def weights(share):
-            encoder = TwoStreamEncoder(
-                10,
-                5,
+            encoder = tiny_encoder(
                 1,
-                d_model=8,
-                num_heads=2,
-                d_ff=16,
                 mode="single_stream",
                 share_embeddings=share,
             )
@@ -384,9 +365,7 @@ class TwoStreamEncoderContractsTest(TestCase):
         # The attention weights stay float32 under a mixed policy, the
         # model stream takes the compute dtype: a functional model's
         # KerasTensors must say the same.
-        encoder = TwoStreamEncoder(
-            10, 5, 2, d_model=8, num_heads=2, d_ff=16, dtype="mixed_bfloat16"
-        )
+        encoder = tiny_encoder(2, dtype="mixed_bfloat16")
 
         def dtypes(h, attentions):
             return [
@@ -408,9 +387,7 @@ class TwoStreamEncoderContractsTest(TestCase):
         # missing mask shows at once).
         future = np.triu(np.ones((5, 5), bool), 1)
         for mode in ("two_stream", "single_stream"):
-            encoder = TwoStreamEncoder(
-                10, 5, 2, d_model=8, num_heads=2, d_ff=16, mode=mode, seed=0
-            )
+            encoder = tiny_encoder(2, mode=mode, seed=0)
             _, attentions = encoder(
                 TOKENS,
                 use_causal_mask=True,
@@ -426,9 +403,7 @@ class TwoStreamEncoderContractsTest(TestCase):
     def test_constructor_temperature_reaches_every_block(self):
         # The blocks' temperature variables start at the constructor's
         # value (a sampler at 1.0 despite `temperature=0.3` read 0.3).
-        encoder = TwoStreamEncoder(
-            10, 5, 2, d_model=8, num_heads=2, d_ff=16, temperature=0.3
-        )
+        encoder = tiny_encoder(2, temperature=0.3)
         encoder(TOKENS)
         for block in encoder.blocks:
             self.assertAllClose(block.temperature, 0.3)
@@ -437,13 +412,8 @@ class TwoStreamEncoderContractsTest(TestCase):
     def test_dtype_policy_reaches_the_embedding_tables(self):
         # Under a `bfloat16` policy every table is bfloat16 (only the
         # blocks' temperatures stay float32).
-        encoder = TwoStreamEncoder(
-            10,
-            5,
+        encoder = tiny_encoder(
             1,
-            d_model=8,
-            num_heads=2,
-            d_ff=16,
             share_embeddings=False,
             dtype="bfloat16",
         )
