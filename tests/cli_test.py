@@ -11,6 +11,7 @@ import pytest
 
 from keras_attnvariants.__main__ import main
 from keras_attnvariants.__main__ import parse
+from keras_attnvariants.testing.usage_errors import one_line_usage_error
 
 
 @pytest.mark.parametrize(
@@ -34,24 +35,16 @@ from keras_attnvariants.__main__ import parse
         ),
     ],
 )
-def test_bad_flags_give_one_line_error_and_exit_2(args, message, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-    assert exit_info.value.code == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], captured.err
+def test_bad_flags_give_one_line_error_and_exit_2(args, message):
+    line = one_line_usage_error(main, args)
+    assert message in line, line
 
 
-def test_negative_seed_gives_one_line_error_before_running(capsys):
+def test_negative_seed_gives_one_line_error_before_running():
     # Seeds NumPy's generators, which take ints >= 0 only: without the
     # check the demo failed with a traceback after loading the model.
-    with pytest.raises(SystemExit) as exit_info:
-        parse(["demo", "--seed", "-1"])
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "--seed: must be an int >= 0" in lines[0]
+    line = one_line_usage_error(parse, ["demo", "--seed", "-1"])
+    assert "--seed: must be an int >= 0" in line, line
 
 
 def test_module_entry_point_exits_nonzero_without_traceback():
@@ -116,7 +109,7 @@ def _without(monkeypatch, missing):
     ],
 )
 def test_missing_demo_requirements_fail_before_anything_runs(
-    missing, message, tmp_path, monkeypatch, capsys
+    missing, message, tmp_path, monkeypatch
 ):
     # Without matplotlib the demo trained every variant and then died in
     # its plots with a traceback, leaving no table, summary or export;
@@ -126,11 +119,10 @@ def test_missing_demo_requirements_fail_before_anything_runs(
 
     _without(monkeypatch, missing)
     out = tmp_path / "out"
-    with pytest.raises(SystemExit) as exit_info:
-        parse(["demo", "--quick", "--output", str(out)])
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], lines
+    line = one_line_usage_error(
+        parse, ["demo", "--quick", "--output", str(out)]
+    )
+    assert message in line, line
     monkeypatch.setattr(distribute, "pick_strategy", _refuse_to_start)
     with pytest.raises(ImportError, match=message.replace("[", r"\[")):
         demo.run(size="quick", output=str(out), export_dir=str(out / "x"))
@@ -200,20 +192,16 @@ def test_demo_variants_start_from_the_same_classifier_head():
 
 @pytest.mark.parametrize("flag", ["--output", "--export-dir"])
 @pytest.mark.parametrize("below", [False, True])
-def test_folder_flags_reject_a_file_in_the_way(flag, below, tmp_path, capsys):
+def test_folder_flags_reject_a_file_in_the_way(flag, below, tmp_path):
     # A file at (or above) the folder crashed the demo with a traceback:
     # --output in os.makedirs, --export-dir only after every variant had
     # been fine-tuned.
     taken = tmp_path / "taken"
     taken.write_text("")
     path = taken / "sub" if below else taken
-    with pytest.raises(SystemExit) as exit_info:
-        parse(["demo", flag, str(path)])
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    assert f"{flag}: must name a folder" in lines[0]
-    assert f"{str(taken)!r} is a file, not a folder" in lines[0]
+    line = one_line_usage_error(parse, ["demo", flag, str(path)])
+    assert f"{flag}: must name a folder" in line
+    assert f"{str(taken)!r} is a file, not a folder" in line
 
 
 def test_folder_flags_accept_new_nested_folders(tmp_path):
@@ -222,15 +210,12 @@ def test_folder_flags_accept_new_nested_folders(tmp_path):
     assert args.output == args.export_dir == nested
 
 
-def test_seed_above_32_bits_gives_one_line_error(capsys):
+def test_seed_above_32_bits_gives_one_line_error():
     # The synthetic fallback seeds Keras with it, which takes 32 bits:
     # --seed 4294967296 failed with a traceback after the data had loaded.
     assert parse(["demo", "--seed", str(2**32 - 1)]).seed == 2**32 - 1
-    with pytest.raises(SystemExit) as exit_info:
-        parse(["demo", "--seed", str(2**32)])
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "--seed: must be an int >= 0" in lines[0]
+    line = one_line_usage_error(parse, ["demo", "--seed", str(2**32)])
+    assert "--seed: must be an int >= 0" in line, line
 
 
 def test_demo_fallback_takes_the_largest_seed(monkeypatch):
@@ -302,20 +287,16 @@ def test_demo_run_export_dir_in_the_way_fails_before_training(
 
 
 def test_default_export_dir_in_the_way_gives_one_line_error(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch
 ):
     # Without --export-dir the demo exports to saved_models/demo_best: a
     # file named saved_models in the working folder crashed it with a
     # traceback (FileExistsError) instead of a usage error.
     monkeypatch.chdir(tmp_path)
     (tmp_path / "saved_models").write_text("")
-    with pytest.raises(SystemExit) as exit_info:
-        parse(["demo", "--quick"])
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    assert "--export-dir: must name a folder" in lines[0]
-    assert "is a file, not a folder" in lines[0]
+    line = one_line_usage_error(parse, ["demo", "--quick"])
+    assert "--export-dir: must name a folder" in line
+    assert "is a file, not a folder" in line
 
 
 @pytest.mark.skipif(
@@ -421,7 +402,7 @@ def test_folder_accepts_a_new_relative_folder(tmp_path, monkeypatch):
 
 
 def test_folder_flags_reject_a_folder_that_is_not_writable(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch
 ):
     # Kills: the `os.access` check removed, or `W_OK` dropped from it. As
     # root every folder is writable, so `os.access` is faked: write
@@ -429,13 +410,11 @@ def test_folder_flags_reject_a_folder_that_is_not_writable(
     from keras_attnvariants.__main__ import parse
 
     monkeypatch.setattr(os, "access", lambda path, mode: not mode & os.W_OK)
-    with pytest.raises(SystemExit) as exit_info:
-        parse(["demo", "--output", str(tmp_path / "new")])
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    assert "--output: must name a folder" in lines[0]
-    assert f"{str(tmp_path)!r} is not writable" in lines[0]
+    line = one_line_usage_error(
+        parse, ["demo", "--output", str(tmp_path / "new")]
+    )
+    assert "--output: must name a folder" in line
+    assert f"{str(tmp_path)!r} is not writable" in line
 
 
 def test_output_file_takes_a_bare_name_and_rejects_a_file_as_folder(

@@ -16,6 +16,8 @@ import sys
 import numpy as np
 import pytest
 
+from keras_attnvariants.testing.usage_errors import usage_error
+
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -162,12 +164,6 @@ def test_compiled_steps_do_not_retrace_while_timed(harness):
     assert any(not np.array_equal(a, b) for a, b in zip(before, after))
 
 
-def _rejects(parse, argv):
-    with pytest.raises(SystemExit) as error:
-        parse(argv)
-    assert error.value.code == 2
-
-
 @pytest.mark.parametrize(
     "name", ["attention_step", "gumbel_step", "dropout_step"]
 )
@@ -181,7 +177,7 @@ def test_step_scripts_reject_bad_sizes(name):
         ["--min-time", "-1"],
         ["--min-time", "nan"],
     ):
-        _rejects(script.parse_args, argv)
+        usage_error(script.parse_args, argv)
     args = script.parse_args(["--quick"])
     assert args.repeats >= 1 and args.lengths
 
@@ -196,7 +192,7 @@ def test_torch_compile_step_rejects_bad_sizes():
         ["--repeats", "0"],
         ["--steps", "0"],
     ):
-        _rejects(script.parse_args, argv)
+        usage_error(script.parse_args, argv)
     args = script.parse_args(["--quick"])
     assert args.repeats >= 1 and args.steps >= 1
     assert script.REFERENCE in script.layers(2, 4)
@@ -211,7 +207,7 @@ def test_suite_rejects_bad_sizes():
         ["--dim", "30", "--heads", "4"],
         ["--lengths", "4"],
     ):
-        _rejects(suite.parse_args, argv)
+        usage_error(suite.parse_args, argv)
     assert suite.parse_args(["--long-from", "0"]).long_from == 0
 
 
@@ -226,19 +222,18 @@ def test_overhead_scripts_reject_zero_instead_of_defaulting(name):
         ["--length", "1"],
         ["--hidden", "130", "--heads", "4"],
     ):
-        _rejects(script.parse_args, argv)
+        usage_error(script.parse_args, argv)
     args = script.parse_args(["--repeats", "2", "--steps", "1"])
     assert (args.repeats, args.steps) == (2, 1)
     args = script.parse_args(["--quick"])
     assert args.repeats >= 1 and args.steps >= 1
 
 
-def test_kq_alignment_overhead_rejects_unknown_methods(capsys):
+def test_kq_alignment_overhead_rejects_unknown_methods():
     # An unknown method raised a `ValueError` traceback, not a usage error.
     script = _load("kq_alignment_overhead")
     for argv in (["--methods", "gan", "wgan"], ["--methods", "none"]):
-        _rejects(script.parse_args, argv)
-        err = capsys.readouterr().err
+        err = usage_error(script.parse_args, argv)
         assert err.startswith("usage:")
         assert "error: argument --methods: invalid choice" in err
     assert script.parse_args(["--methods", "ot", "gan"]).methods == [
@@ -335,7 +330,7 @@ def test_dropout_step_times_the_train_step_only():
         ["--rate", "1"],
         ["--rate", "nan"],
     ):
-        _rejects(script.parse_args, argv)
+        usage_error(script.parse_args, argv)
     assert script.parse_args([]).modes == ["train"]
     assert script.parse_args(["--modes", "train"]).modes == ["train"]
 
@@ -458,7 +453,7 @@ def test_output_paths_are_checked_before_the_timings(name, extra, tmp_path):
     # folder in the file's place failed then, with a traceback.
     script = _load(name)
     for bad in (str(tmp_path / "missing" / "report.md"), str(tmp_path)):
-        _rejects(script.parse_args, [*extra, "--output", bad])
+        usage_error(script.parse_args, [*extra, "--output", bad])
     good = str(tmp_path / "report.md")
     assert script.parse_args([*extra, "--output", good]).output == good
 
@@ -469,7 +464,7 @@ def test_dtype_policies_are_checked_before_the_timings():
         ("accelerator_step", "--policies"),
     ):
         script = _load(name)
-        _rejects(script.parse_args, [flag, "float31"])
+        usage_error(script.parse_args, [flag, "float31"])
         assert script.parse_args([flag, "mixed_bfloat16"])
 
 

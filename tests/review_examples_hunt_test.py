@@ -9,6 +9,9 @@ import numpy as np
 from examples_test import _load  # noqa: E402
 from examples_test import _tiny_bert  # noqa: E402
 
+from keras_attnvariants.testing.usage_errors import last_error_line  # noqa: E402
+from keras_attnvariants.testing.usage_errors import usage_error  # noqa: E402
+
 
 def test_kq_methods_start_from_the_baseline_classifier_head():
     # The seed was set before the conversion, where the adversaries of
@@ -64,17 +67,12 @@ def test_kq_adversarial_arm_at_weight_zero_trains_like_the_baseline():
         )
 
 
-def test_arithmetic_rejects_a_negative_warmup(capsys):
+def test_arithmetic_rejects_a_negative_warmup():
     # `--warmup-steps -5` was accepted and made every learning rate NaN
     # (`sqrt(warmup / step)` of a negative warm-up).
-    import pytest
-
     example = _load("thesis_multiview_arithmetic")
-    with pytest.raises(SystemExit) as exit_info:
-        example.parse_args(["--warmup-steps", "-5"])
-    assert exit_info.value.code == 2
-    error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "error:" in error and "--warmup-steps" in error, error
+    error = last_error_line(example.parse_args, ["--warmup-steps", "-5"])
+    assert "--warmup-steps" in error, error
     assert example.parse_args(["--warmup-steps", "0"]).warmup_steps == 0
 
 
@@ -117,13 +115,10 @@ def test_arithmetic_plot_takes_results_with_the_unseen_column(tmp_path):
     assert path.stat().st_size > 0
 
 
-def test_output_folders_and_scales_are_checked_before_the_work(
-    capsys, tmp_path
-):
+def test_output_folders_and_scales_are_checked_before_the_work(tmp_path):
     # A file in an output folder's place (or above it) failed only at the
     # end, in `os.makedirs` or the export, after the training; `--scale inf`
     # failed in `np.histogram`.
-    import pytest
 
     blocker = tmp_path / "a_file"
     blocker.write_text("")
@@ -134,15 +129,13 @@ def test_output_folders_and_scales_are_checked_before_the_work(
     ):
         example = _load(name)
         for bad in (str(blocker), str(blocker / "below")):
-            with pytest.raises(SystemExit) as exit_info:
-                example.parse_args([flag, bad])
-            assert exit_info.value.code == 2
-            assert "is a file" in capsys.readouterr().err
+            assert "is a file" in usage_error(example.parse_args, [flag, bad])
         fresh = str(tmp_path / "new" / "folder")
         args = vars(example.parse_args([flag, fresh]))
         assert fresh in args.values()
     example = _load("explain_away_histogram")
     for bad in ("inf", "-inf", "nan", "0"):
-        with pytest.raises(SystemExit):
-            example.parse_args(["--scale", bad])
+        assert "--scale" in last_error_line(
+            example.parse_args, ["--scale", bad]
+        )
     assert example.parse_args(["--scale", "2.5"]).scale == 2.5

@@ -12,7 +12,8 @@ import keras
 import numpy as np
 import pytest
 from review_benchmarks_test import _load as _load_benchmark
-from review_benchmarks_test import _rejects
+
+from keras_attnvariants.testing.usage_errors import usage_error
 
 # The harness's compiled steps are `tf.function`s of TensorFlow layers.
 on_tf = pytest.mark.skipif(
@@ -201,7 +202,7 @@ def test_step_scripts_reject_zero_heads_and_dim(name):
     # the divisibility check.
     script = _load_benchmark(name)
     for argv in (["--heads", "0"], ["--dim", "0"]):
-        _rejects(script.parse_args, argv)
+        usage_error(script.parse_args, argv)
 
 
 def test_step_quick_sizes_and_default_modes():

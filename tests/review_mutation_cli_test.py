@@ -15,16 +15,7 @@ from cli_test import _refuse_to_start
 from keras_attnvariants import evaluation
 from keras_attnvariants.__main__ import main
 from keras_attnvariants.__main__ import parse
-
-
-def _one_line_error(capsys, argv):
-    with pytest.raises(SystemExit) as exit_info:
-        parse(argv)
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
-
+from keras_attnvariants.testing.usage_errors import one_line_usage_error
 
 # argument parsing
 
@@ -35,8 +26,8 @@ on_tf = pytest.mark.skipif(
 )
 
 
-def test_cpu_replicas_that_is_no_int_gives_one_line_error(capsys):
-    line = _one_line_error(capsys, ["demo", "--cpu-replicas", "x"])
+def test_cpu_replicas_that_is_no_int_gives_one_line_error():
+    line = one_line_usage_error(parse, ["demo", "--cpu-replicas", "x"])
     assert "--cpu-replicas: must be an int >= 1, got 'x'" in line
 
 
@@ -50,12 +41,12 @@ def test_jit_compile_alone_or_with_one_cpu_replica_is_accepted():
 
 
 @on_tf
-def test_variants_flag_strips_spaces_and_rejects_an_empty_list(capsys):
+def test_variants_flag_strips_spaces_and_rejects_an_empty_list():
     args = parse(["demo", "--variants", " dnas, hnas+kq "])
     assert args.variants == ("dnas", "hnas+kq")
     # "," names no variant: it must not fall back to all six.
-    assert "unknown variant(s) ','" in _one_line_error(
-        capsys, ["demo", "--variants", ","]
+    assert "unknown variant(s) ','" in one_line_usage_error(
+        parse, ["demo", "--variants", ","]
     )
 
 

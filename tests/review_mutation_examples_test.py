@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from examples_test import _load
 
+from keras_attnvariants.testing.usage_errors import usage_error
+
 
 def test_flag_types_bounds():
     # The boundaries of the examples' argparse types, called directly.
@@ -146,19 +148,9 @@ def test_mlm_helpers():
     assert got == pytest.approx(want, rel=1e-5)
 
 
-def _usage_error(capsys, parse, argv):
-    """argparse's usage error (exit 2) for `argv`: its stderr."""
-    with pytest.raises(SystemExit) as exit_info:
-        parse(argv)
-    assert exit_info.value.code == 2
-    return capsys.readouterr().err
-
-
-def test_mlm_rejects_dropout_one(capsys):
+def test_mlm_rejects_dropout_one():
     example = _load("attention_guidance_mlm")
-    assert "--dropout" in _usage_error(
-        capsys, example.parse_args, ["--dropout", "1"]
-    )
+    assert "--dropout" in usage_error(example.parse_args, ["--dropout", "1"])
 
 
 def test_kq_batches_cover_every_row_once_in_order():
@@ -172,12 +164,12 @@ def test_kq_batches_cover_every_row_once_in_order():
     assert [len(c[0]["padding_mask"]) for c in chunks] == [3, 3, 1]
 
 
-def test_kq_and_finetune_flags_at_their_limits(capsys):
+def test_kq_and_finetune_flags_at_their_limits():
     kq = _load("kq_alignment_finetune")
     assert kq.parse_args(["--layers", "6"]).layers == 6
     finetune = _load("finetune_pretrained_with_variants")
-    assert "--variants" in _usage_error(
-        capsys, finetune.parse_args, ["--variants", "dnas,hnsa"]
+    assert "--variants" in usage_error(
+        finetune.parse_args, ["--variants", "dnas,hnsa"]
     )
 
 
