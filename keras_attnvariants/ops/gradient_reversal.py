@@ -13,6 +13,7 @@ zero gradient. This is the notes' form
 forward pass and overflows float16 for `|x| (1 + beta) > 65504`.
 """
 
+import keras
 from keras import ops
 
 from keras_attnvariants.validation import check_float
@@ -32,7 +33,7 @@ def gradient_reversal(x, beta=1.0):
     loss, the features upstream of the reversal maximize it.
 
     Args:
-        x: tensor of any floating dtype.
+        x: tensor of any floating dtype (`ValueError` for another).
         beta: float. Gradient scale; the backward pass multiplies the
             incoming gradient by `-beta`. Defaults to `1.0`.
 
@@ -51,6 +52,14 @@ def gradient_reversal(x, beta=1.0):
     """
     beta = _check_beta(beta)
     x = ops.convert_to_tensor(x)
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    if "float" not in dtype:
+        # An int tensor failed on TensorFlow with a `TypeError` about
+        # `1.0`, and came back as float32 on JAX and PyTorch.
+        raise ValueError(
+            "`x` must be a floating-point tensor (it carries a gradient). "
+            f"Received: x with dtype {dtype}"
+        )
     frozen = ops.stop_gradient(x)
     reversed_ = frozen - beta * (x - frozen)
     # `inf - inf` is nan: non-finite entries stay as they are (gradient 0).

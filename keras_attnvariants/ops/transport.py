@@ -205,7 +205,10 @@ def sinkhorn_plan(
     32 x 32 clouds were 50-200% off; raise `iterations` with it.
 
     Args:
-        cost: tensor `(..., n, m)`.
+        cost: tensor `(..., n, m)`. A `+inf` entry forbids its pair (the
+            plan is exactly 0 there, with or without `normalize_cost`); a
+            row or column with no finite entry gets no mass (its
+            marginal is then not met). A nan entry makes the plan nan.
         epsilon: float > 0. Entropic regularization, in units of the
             normalized cost when `normalize_cost=True`, where it must be
             >= 1e-6 (`MIN_EPSILON`; below it float32 loses the plan's
@@ -263,19 +266,26 @@ def _plan(
         # Nothing to transport; `ops.max` and JAX's `logsumexp` raise on
         # an empty tensor.
         return ops.zeros_like(cost)
+    # A `+inf` cost forbids its pair (no mass), as with
+    # `normalize_cost=False`: it took the normalizing scale to inf, and
+    # `inf / inf` made the whole plan nan. A nan cost stays allowed, so
+    # it shows in the plan instead of being dropped.
+    allowed = ops.logical_and(valid, ops.not_equal(cost, np.inf))
     if normalize_cost:
         scale = ops.amax(
-            ops.where(valid, ops.abs(cost), 0.0), axis=(-2, -1), keepdims=True
+            ops.where(allowed, ops.abs(cost), 0.0),
+            axis=(-2, -1),
+            keepdims=True,
         )
         cost = cost / ops.stop_gradient(ops.maximum(scale, 1e-12))
-    # log_kernel: (..., n, m); masked pairs at MASK_FILL.
-    log_kernel = ops.where(valid, -cost / epsilon, MASK_FILL)
+    # log_kernel: (..., n, m); masked and forbidden pairs at MASK_FILL.
+    log_kernel = ops.where(allowed, -cost / epsilon, MASK_FILL)
     if fused:
         u, v = _fused_potentials(log_kernel, rows, cols, iterations)
     else:
         u, v = _potentials(log_kernel, rows, cols, iterations)
     plan = ops.exp(log_kernel + u[..., :, None] + v[..., None, :])
-    return ops.where(valid, plan, 0.0)
+    return ops.where(allowed, plan, 0.0)
 
 
 def _potentials(log_kernel, rows, cols, iterations):
@@ -448,8 +458,10 @@ def sinkhorn_cost(
         fused=True,
     )
     # Masked pairs hold anything (inf, nan): zeroed, not multiplied by 0.
+    # Forbidden (`+inf`) pairs carry no mass: 0, not `0 * inf`.
     _, _, valid = _pair_masks(cost, row_mask, col_mask)
-    cost = ops.where(valid, cost, 0.0)
+    allowed = ops.logical_and(valid, ops.not_equal(cost, np.inf))
+    cost = ops.where(allowed, cost, 0.0)
     return ops.sum(ops.stop_gradient(plan) * cost, axis=(-2, -1))
 
 
