@@ -29,7 +29,7 @@ on_tf = pytest.mark.skipif(
 
 
 def run_module(module, env_updates, args=()):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env_updates)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env_updates}
     out = subprocess.run(
         [sys.executable, "-m", module, *args],
         capture_output=True,

@@ -47,7 +47,7 @@ def _stdout(script, timeout, env):
         [sys.executable, "-c", script],
         capture_output=True,
         text=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env),
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env},
         timeout=timeout,
         check=False,
     )
